@@ -1,0 +1,55 @@
+# GPU Training Lab. The two commands: `make lab` (run the course) and `make test` (test it).
+# Each sets up .venv on its own the first time; nothing has to be run before them.
+
+PYTHON ?= python3
+VENV   ?= .venv
+# The torch requirement installed into a new venv. On a GPU server pick the build for your
+# driver, e.g.  make lab TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+# A torch >= 2.4 that is already in the venv is kept.
+TORCH  ?= torch==2.13.0
+# Extra arguments for JupyterLab, e.g. LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888".
+LAB_ARGS ?=
+# Graded releases carry no self-checks: make release GRADED=1
+GRADED ?=
+
+READY := $(VENV)/.gpulab-ready
+BIN   := $(VENV)/bin
+
+.PHONY: setup lab test release autograde feedback bench gpu-check doctor clean
+
+setup: $(READY)
+
+$(READY): pyproject.toml scripts/setup_venv.sh
+	@scripts/setup_venv.sh "$(PYTHON)" "$(VENV)" "$(TORCH)"
+
+lab: $(READY)
+	JUPYTER_CONFIG_PATH="$(CURDIR)/autograder" $(BIN)/jupyter lab \
+	    --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+
+# Unit tests, the nbgrader round trip, and every solution notebook executed by nbval, on 2 workers.
+test: $(READY)
+	$(BIN)/python -m pytest -n 2 --dist loadscope -p nbval --nbval-lax tests solutions
+
+doctor: $(READY)
+	$(BIN)/python -m gpulab doctor
+
+# Instructor workflow (README, "Teaching with nbgrader").
+release: $(READY)
+	$(BIN)/python autograder/release.py $(if $(GRADED),--graded)
+
+autograde: $(READY)
+	$(BIN)/python autograder/grade.py
+
+# After manual grading in the Formgrader: feedback and CSV again, without re-running notebooks.
+feedback: $(READY)
+	$(BIN)/python autograder/grade.py --feedback-only
+
+bench: $(READY)
+	$(BIN)/python scripts/bench.py
+
+gpu-check: $(READY)
+	$(BIN)/python scripts/gpu_check.py
+
+clean:
+	rm -rf autograder/autograded autograder/feedback autograder/graded_release \
+	    autograder/gradebook.db autograder/grades.csv .pytest_cache book/_build

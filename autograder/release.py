@@ -1,0 +1,63 @@
+"""`make release`: regenerate the student release from solutions/ with nbgrader.
+
+    python autograder/release.py            # notebooks/, with self-checks (the committed release)
+    python autograder/release.py --graded   # autograder/graded_release/, without self-checks
+
+The self-study release gets, beside each chapter's notebook, `selfcheck.dat`: the chapter's
+answer key encoded (gpulab.checks.encode_selfcheck), so that its test cells give an immediate
+verdict. A graded release has no such file: its test cells only record the answer, and the
+verdict comes from `make autograde` with the instructor's key.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpulab.checks import SELFCHECK_FILE, encode_selfcheck, load_key_module
+
+AUTOGRADER = Path(__file__).resolve().parent
+ROOT = AUTOGRADER.parent
+KEYS = AUTOGRADER / "keys"
+
+
+def chapters() -> list[str]:
+    """Chapter folders under solutions/, e.g. ['01_device_basics']."""
+    return sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit())
+
+
+def nbgrader(*args: str) -> None:
+    """Run an nbgrader command with this course's config (it is read from the working folder)."""
+    # nbgrader runs the `alembic` and `jupyter` commands by name: put this venv's bin/ first.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run([sys.executable, "-m", "nbgrader", *args, "--log-level=WARN"],
+                   cwd=AUTOGRADER, env=env, check=True)
+
+
+def release(chapter: str, release_dir: str, self_checks: bool) -> Path:
+    """Generate one chapter's release into ROOT/release_dir/chapter; return that folder."""
+    nbgrader("generate_assignment", chapter, "--force", "--create",
+             f"--CourseDirectory.release_directory={release_dir}")
+    out = ROOT / release_dir / chapter
+    key_file = KEYS / f"{chapter}.py"
+    if self_checks:
+        (out / SELFCHECK_FILE).write_text(encode_selfcheck(load_key_module(key_file)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--graded", action="store_true",
+                        help="release without self-checks, into autograder/graded_release/")
+    parser.add_argument("chapters", nargs="*", help="chapter folders (default: all)")
+    args = parser.parse_args()
+    release_dir = "autograder/graded_release" if args.graded else "notebooks"
+    for chapter in args.chapters or chapters():
+        out = release(chapter, release_dir, self_checks=not args.graded)
+        print(f"released {chapter} -> {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

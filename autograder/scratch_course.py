@@ -1,0 +1,42 @@
+"""A throwaway copy of the course with its own gradebook, for tests and benchmarks.
+
+Grading in a copy leaves the instructor's real gradebook and folders untouched.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ("nbgrader_config.py", "release.py", "grade.py")
+
+
+def copy_course(dest: Path) -> Path:
+    """Copy solutions/, notebooks/ and the grading scripts and keys into ``dest``."""
+    for folder in ("solutions", "notebooks"):
+        shutil.copytree(ROOT / folder, dest / folder)
+    (dest / "autograder").mkdir()
+    for name in SCRIPTS:
+        shutil.copy(ROOT / "autograder" / name, dest / "autograder" / name)
+    shutil.copytree(ROOT / "autograder" / "keys", dest / "autograder" / "keys")
+    return dest
+
+
+def answers_replaced(release_nb: Path, answer_for) -> nbformat.NotebookNode:
+    """The release notebook with each answer cell set to ``answer_for(item_id)``.
+
+    An answer cell starts `name = ...`; its item is the one whose test cell checks `name`.
+    """
+    nb = nbformat.read(release_nb, as_version=4)
+    item_of = {}
+    for cell in nb.cells:
+        if match := re.match(r'check\("([^"]+)", (\w+)\)', cell.source):
+            item_of[match.group(2)] = match.group(1)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
+            variable = cell.source.split("=")[0].strip()
+            cell.source = f"{variable} = {answer_for(item_of[variable])!r}"
+    return nb

@@ -1,0 +1,293 @@
+"""Quiz checks: one readable line per autograded item, feedback that names the likely mistake.
+
+A notebook's test cell is a single call::
+
+    check("01-batch-bytes", batch_bytes)
+
+The expected value is not in the notebook. It lives in the chapter's answer key, which is data
+on the instructor's side (``autograder/keys/NN_topic.py``), computed by gpulab's own functions.
+``check`` finds the key in this order:
+
+1. the folder named by the environment variable ``GPULAB_ANSWER_KEYS`` (set by ``make autograde``
+   and by the tests, so that a grading run uses the instructor's key and nothing a student
+   could have edited);
+2. ``selfcheck.dat`` beside the notebook: the self-study release's encoded copy of the key, so a
+   learner gets an immediate verdict without the expected value being in plain sight;
+3. ``autograder/keys`` in a folder above the notebook (an instructor working in the repository).
+
+Where no key is found (a graded release handed out without self-checks) ``check`` only says
+that the answer was recorded for grading.
+
+A wrong answer raises ``WrongAnswer`` (an AssertionError, so nbgrader scores the cell zero) whose
+message is the diagnosis, e.g. "8x too large: did you count bits instead of bytes?". Answers of
+the wrong kind (a string, None, a tensor, NaN, ...) get a plain-words message too.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import importlib.util
+import json
+import math
+import numbers
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KEYS_ENV = "GPULAB_ANSWER_KEYS"
+SELFCHECK_FILE = "selfcheck.dat"
+_SELFCHECK_HEADER = (
+    "GPU Training Lab self-check data. It is encoded so that answers are not read by accident;\n"
+    "decoding it only spoils the exercise. Graded releases do not include this file.\n"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# The answer key's vocabulary
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A typical wrong answer and what to tell the learner who gives it."""
+
+    value: float
+    says: str
+
+
+@dataclass(frozen=True)
+class Item:
+    """One autograded quiz item: the expected value, how close is right, and typical mistakes.
+
+    ``rel_tol`` is relative (0.01 = 1%); ``abs_tol`` matters only for answers near zero.
+    For a choice item give ``choices`` (lower-case strings) and a ``value`` among them.
+    """
+
+    id: str
+    value: float | str
+    unit: str
+    rel_tol: float = 1e-9
+    abs_tol: float = 0.0
+    mistakes: tuple[Mistake, ...] = ()
+    choices: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.choices and self.value not in self.choices:
+            raise ValueError(f"{self.id}: value {self.value!r} is not one of {self.choices}")
+
+
+def chapter_of(item_id: str) -> str:
+    """'01-batch-bytes' -> '01': item ids start with their chapter's number."""
+    return item_id.split("-", 1)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Finding and reading keys
+
+
+def load_key_module(path: Path) -> dict[str, Item]:
+    """Import an instructor key file (a Python module with a list ``ITEMS``)."""
+    spec = importlib.util.spec_from_file_location(f"gpulab_key_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    items = {item.id: item for item in module.ITEMS}
+    if len(items) != len(module.ITEMS):
+        raise ValueError(f"{path}: duplicate item ids")
+    return items
+
+
+def _key_file_in(folder: Path, chapter: str) -> Path | None:
+    matches = sorted(folder.glob(f"{chapter}_*.py"))
+    return matches[0] if matches else None
+
+
+def encode_selfcheck(items: dict[str, Item]) -> str:
+    """The self-study release's copy of a key: JSON, compressed, base64 (deterministic)."""
+    data = {k: dataclasses.asdict(v) for k, v in sorted(items.items())}
+    packed = zlib.compress(json.dumps(data, sort_keys=True).encode(), 9)
+    text = base64.b64encode(packed).decode()
+    lines = [text[i : i + 76] for i in range(0, len(text), 76)]
+    return _SELFCHECK_HEADER + "\n".join(lines) + "\n"
+
+
+def decode_selfcheck(text: str) -> dict[str, Item]:
+    body = "".join(line for line in text.splitlines() if " " not in line)  # header lines have spaces
+    data = json.loads(zlib.decompress(base64.b64decode(body)))
+    items = {}
+    for item_id, fields in data.items():
+        fields["mistakes"] = tuple(Mistake(**m) for m in fields["mistakes"])
+        fields["choices"] = tuple(fields["choices"])
+        items[item_id] = Item(**fields)
+    return items
+
+
+def find_key(chapter: str, start: Path | None = None) -> dict[str, Item] | None:
+    """The answer key for ``chapter``, looked up as the module docstring says; None if absent."""
+    start = Path.cwd() if start is None else Path(start)
+    if os.environ.get(KEYS_ENV):
+        folder = Path(os.environ[KEYS_ENV])
+        path = _key_file_in(folder, chapter)
+        if path is None:
+            raise FileNotFoundError(f"{KEYS_ENV}={folder} has no key for chapter {chapter}")
+        return load_key_module(path)
+    selfcheck = start / SELFCHECK_FILE
+    if selfcheck.is_file():
+        return decode_selfcheck(selfcheck.read_text())
+    for folder in [start, *start.parents]:
+        keys = folder / "autograder" / "keys"
+        if keys.is_dir() and (path := _key_file_in(keys, chapter)):
+            return load_key_module(path)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Judging an answer
+
+
+class WrongAnswer(AssertionError):
+    """A failed check. Shown in Jupyter as its message alone, without a gpulab traceback."""
+
+    def _render_traceback_(self):  # IPython's hook for custom exception display
+        return [f"\x1b[31m✘ {self}\x1b[0m"]
+
+
+def _as_number(answer, item: Item) -> float:
+    """The answer as a finite float, or WrongAnswer saying in plain words what is off."""
+    unit = f" in {item.unit}" if item.unit else ""
+    if answer is Ellipsis:
+        raise WrongAnswer(f"{item.id}: not answered yet. Replace the ... with your answer{unit}.")
+    if answer is None:
+        raise WrongAnswer(
+            f"{item.id}: your answer is None. Did you forget to assign it, or does a function "
+            f"you wrote forget to `return`? Give one number{unit}."
+        )
+    if isinstance(answer, bool):
+        raise WrongAnswer(f"{item.id}: your answer is {answer}, a yes/no; give a number{unit}.")
+    if isinstance(answer, str):
+        try:
+            float(answer.replace(",", "").replace("_", ""))
+        except ValueError:
+            raise WrongAnswer(f"{item.id}: your answer is the text {answer!r}; give a number{unit}.")
+        raise WrongAnswer(
+            f"{item.id}: your answer is the text {answer!r}. Write it as a number, without quotes."
+        )
+    if type(answer).__module__.startswith(("torch", "numpy")) and hasattr(answer, "shape"):
+        if tuple(answer.shape) == ():
+            if type(answer).__module__.startswith("numpy"):
+                return _finite(float(answer), item)  # a numpy scalar is a fine number
+            raise WrongAnswer(
+                f"{item.id}: your answer is a 0-d tensor. Take the number out with `.item()`."
+            )
+        raise WrongAnswer(
+            f"{item.id}: your answer is an array of shape {tuple(answer.shape)}; give one number"
+            f"{unit}. (Reduce it first, e.g. `.sum().item()`, if that is what you meant.)"
+        )
+    if isinstance(answer, (list, tuple, set, dict)):
+        raise WrongAnswer(
+            f"{item.id}: your answer is a {type(answer).__name__}; give one number{unit}."
+        )
+    if isinstance(answer, complex):
+        raise WrongAnswer(f"{item.id}: your answer {answer} is complex; give a real number.")
+    if not isinstance(answer, numbers.Real):
+        raise WrongAnswer(
+            f"{item.id}: your answer is a {type(answer).__name__}, not a number; give one "
+            f"number{unit}."
+        )
+    return _finite(float(answer), item)
+
+
+def _finite(x: float, item: Item) -> float:
+    if math.isnan(x):
+        raise WrongAnswer(
+            f"{item.id}: your answer is NaN (not a number): somewhere an operation had no "
+            "meaningful result, such as 0/0 or inf - inf."
+        )
+    if math.isinf(x):
+        raise WrongAnswer(f"{item.id}: your answer is infinite: a division by zero somewhere?")
+    return x
+
+
+def _close(a: float, b: float, item: Item) -> bool:
+    return math.isclose(a, b, rel_tol=max(item.rel_tol, 1e-9), abs_tol=item.abs_tol)
+
+
+# Ratios (your answer / the right one) that usually mean one specific slip.
+_TELLTALE_RATIOS = [
+    (8, "8x too large: did you count bits instead of bytes?"),
+    (1 / 8, "8x too small: did you count bytes where bits were asked, or divide by 8 twice?"),
+    (2**30 / 1e9, "about 7% too large: did you divide by 10^9 (GB) where GiB (2^30 bytes) was asked?"),
+    (1e9 / 2**30, "about 7% too small: did you divide by 2^30 (GiB) where GB (10^9 bytes) was asked?"),
+    (2**20 / 1e6, "about 5% too large: did you divide by 10^6 (MB) where MiB (2^20 bytes) was asked?"),
+    (1e6 / 2**20, "about 5% too small: did you divide by 2^20 (MiB) where MB (10^6 bytes) was asked?"),
+    (2**40 / 1e12, "about 10% too large: TB (10^12) used where TiB (2^40 bytes) was asked?"),
+    (1e12 / 2**40, "about 10% too small: TiB (2^40) used where TB (10^12 bytes) was asked?"),
+    (1000, "1000x too large: check the unit prefix (ms vs s, MB vs GB, k vs M)."),
+    (1 / 1000, "1000x too small: check the unit prefix (s vs ms, GB vs MB, M vs k)."),
+    (1e6, "a million times too large: check the unit (µs vs s, bytes vs MB?)."),
+    (1e-6, "a million times too small: check the unit (s vs µs, MB vs bytes?)."),
+    (1e9, "a billion times too large: bytes given where GB were asked?"),
+    (1e-9, "a billion times too small: GB given where bytes were asked?"),
+    (1024, "1024x too large: one binary prefix step off (KiB, MiB, GiB)?"),
+    (1 / 1024, "1024x too small: one binary prefix step off (KiB, MiB, GiB)?"),
+    (2, "2x too large: a factor of two slipped in (2 bytes vs 4? both directions?)."),
+    (1 / 2, "2x too small: a factor of two is missing (2 bytes vs 4? both directions?)."),
+    (4, "4x too large: bytes per value off (4 for fp32, 2 for bf16/fp16, 1 for fp8)?"),
+    (1 / 4, "4x too small: bytes per value off (4 for fp32, 2 for bf16/fp16, 1 for fp8)?"),
+]
+
+
+def diagnose(answer: float, item: Item) -> str:
+    """The likely mistake behind a wrong numeric answer, in words (no expected value shown)."""
+    for mistake in item.mistakes:
+        if _close(answer, mistake.value, item) or math.isclose(answer, mistake.value, rel_tol=1e-6):
+            return mistake.says
+    expected = float(item.value)
+    if expected != 0 and answer != 0:
+        if (answer < 0) != (expected < 0):
+            return "the sign is wrong."
+        ratio = answer / expected
+        for telltale, says in _TELLTALE_RATIOS:
+            if math.isclose(ratio, telltale, rel_tol=0.003):
+                return says
+        if 0.5 < ratio < 2:
+            direction = "too large" if ratio > 1 else "too small"
+            allowed = "the exact value" if item.rel_tol <= 1e-9 else f"within {item.rel_tol:.1%}"
+            return f"close, but {direction}; this item needs {allowed}. Recheck each factor."
+        magnitude = abs(math.log10(abs(ratio)))
+        direction = "too large" if abs(ratio) > 1 else "too small"
+        return f"{direction}, by {'more than 10x' if magnitude > 1 else 'between 2x and 10x'}. Recheck the formula and the units."
+    return "not right. Recheck the formula and the units."
+
+
+def judge(item: Item, answer) -> str:
+    """The verdict message for a right answer; raises WrongAnswer for a wrong one."""
+    unit = f" {item.unit}" if item.unit else ""
+    if item.choices:
+        given = answer.strip().lower() if isinstance(answer, str) else None
+        if given not in item.choices:
+            raise WrongAnswer(f"{item.id}: answer with one of {', '.join(map(repr, item.choices))}.")
+        if given != item.value:
+            for mistake in item.mistakes:
+                if str(mistake.value) == given:
+                    raise WrongAnswer(f"{item.id}: {mistake.says}")
+            raise WrongAnswer(f"{item.id}: not {given!r}. Reread the question and try again.")
+        return f"✔ {item.id}: right ({given})."
+    number = _as_number(answer, item)
+    if not _close(number, float(item.value), item):
+        raise WrongAnswer(f"{item.id}: {diagnose(number, item)}")
+    tolerance = "" if item.rel_tol <= 1e-9 else f", within {item.rel_tol:.1%}"
+    shown = f"{int(number):,}" if number.is_integer() and abs(number) < 1e15 else f"{number:,.6g}"
+    return f"✔ {item.id}: right ({shown}{unit}{tolerance})."
+
+
+def check(item_id: str, answer) -> None:
+    """The test cell's one line: say right, or raise WrongAnswer with the likely mistake."""
+    key = find_key(chapter_of(item_id))
+    if key is None:
+        print(f"{item_id}: answer recorded ({answer!r}). This release has no self-checks; "
+              "your instructor grades it.")
+        return
+    if item_id not in key:
+        raise KeyError(f"{item_id} is not in chapter {chapter_of(item_id)}'s answer key")
+    print(judge(key[item_id], answer))

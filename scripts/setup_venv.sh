@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Create (or repair) the course's virtual environment; called by `make lab` and `make test`.
+# usage: scripts/setup_venv.sh PYTHON VENV "TORCH_REQUIREMENT"
+#
+# The venv is trusted only when it carries the stamp file written as the very last step, so an
+# install that failed half-way is thrown away and rebuilt by the next run.
+set -euo pipefail
+python="$1"; venv="$2"; torch_requirement="$3"
+stamp="$venv/.gpulab-ready"
+min_torch="2.4"
+
+die() { printf '\nmake: %s\n\n' "$*" >&2; exit 1; }
+
+if ! command -v "$python" >/dev/null 2>&1; then
+    die "no Python found at '$python'. Install Python 3.10 or newer with its venv module
+      (Debian/Ubuntu: sudo apt install python3 python3-venv; macOS: brew install python@3.12),
+      or point make at one: make test PYTHON=/path/to/python3.11"
+fi
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+    die "$("$python" --version 2>&1 || echo "$python") is too old: the course needs Python 3.10 or newer.
+      Install one and run: make test PYTHON=/path/to/python3.11"
+fi
+if ! "$python" -c 'import venv, ensurepip' 2>/dev/null; then
+    die "$python has no working venv module (it cannot make virtual environments).
+      Debian/Ubuntu: sudo apt install python3-venv; or use another Python: make test PYTHON=..."
+fi
+
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+    exit 0  # ready and up to date
+fi
+
+created=no
+if [ ! -f "$stamp" ] && [ -e "$venv" ]; then
+    echo "setup: $venv has no ready stamp (an earlier install stopped half-way): rebuilding it"
+    rm -rf "$venv"
+fi
+if [ ! -e "$venv" ]; then
+    echo "setup: creating $venv with $("$python" --version 2>&1)"
+    "$python" -m venv "$venv"
+    created=yes
+fi
+rm -f "$stamp"
+on_failure() {
+    echo "setup: install failed; nothing is left that the next run would trust" >&2
+    [ "$created" = yes ] && rm -rf "$venv"
+}
+trap on_failure ERR
+
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+if "$venv/bin/python" - "$min_torch" <<'PY' 2>/dev/null
+import sys, torch
+have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+need = tuple(int(p) for p in sys.argv[1].split("."))
+sys.exit(have < need)
+PY
+then
+    echo "setup: keeping the installed torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
+else
+    echo "setup: installing $torch_requirement"
+    # Unquoted on purpose: TORCH may carry pip options, e.g. "torch==2.13.0 --index-url URL".
+    # shellcheck disable=SC2086
+    "${pip[@]}" install $torch_requirement
+fi
+echo "setup: installing the course and its tools"
+"${pip[@]}" install -e ".[test]"
+
+# nbgrader switches its extensions on when installed; say so explicitly at the venv's level so a
+# user-level config that turned them off does not silently win.
+for ext in formgrader assignment_list course_list validate_assignment; do
+    "$venv/bin/jupyter" server extension enable --sys-prefix "nbgrader.server_extensions.$ext" >/dev/null
+done
+for ext in formgrader assignment-list course-list create-assignment validate-assignment; do
+    "$venv/bin/jupyter" labextension enable --level=sys_prefix "@jupyter/nbgrader:$ext" >/dev/null
+done
+
+touch "$stamp"
+echo "setup: $venv is ready"

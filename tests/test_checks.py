@@ -1,0 +1,150 @@
+"""gpulab.checks: verdicts, diagnostics that name the mistake, clear messages for bad input."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gpulab import checks
+from gpulab.checks import Item, Mistake, WrongAnswer, check, judge
+
+BYTES = Item("99-bytes", 38_535_168, "bytes",
+             mistakes=(Mistake(9_633_792, "4x too small: that is the number of elements."),))
+GIB = Item("99-gib", 40e9 / 2**30, "GiB", rel_tol=0.005)
+CHOICE = Item("99-bound", "memory", "", choices=("compute", "memory"),
+              mistakes=(Mistake("compute", "at this intensity the roof is the bandwidth."),))
+
+
+def wrong(item, answer) -> str:
+    with pytest.raises(WrongAnswer) as info:
+        judge(item, answer)
+    return str(info.value)
+
+
+def test_right_answers_pass_and_say_so():
+    assert judge(BYTES, 64 * 3 * 224 * 224 * 4).startswith("✔ 99-bytes: right")
+    assert "within 0.5%" in judge(GIB, 37.3)            # 37.25 rounded by the learner
+    assert judge(BYTES, np.int64(38_535_168))            # numpy scalars are fine numbers
+    assert judge(CHOICE, " Memory ").startswith("✔")
+
+
+def test_exact_items_reject_near_misses():
+    assert "close, but too large" in wrong(BYTES, 38_535_169 * 1.001)
+
+
+def test_item_specific_mistake_wins_over_generic_ratio():
+    assert wrong(BYTES, 9_633_792) == "99-bytes: 4x too small: that is the number of elements."
+
+
+@pytest.mark.parametrize("factor, words", [
+    (8, "bits instead of bytes"),
+    (1 / 8, "8x too small"),
+    (1000, "1000x too large"),
+    (1e-3, "1000x too small"),
+    (2, "2x too large"),
+    (1024, "1024x too large"),
+    (-1, "sign is wrong"),
+    (37, "more than 10x"),
+    (3, "between 2x and 10x"),
+])
+def test_generic_diagnostics_name_the_slip(factor, words):
+    assert words in wrong(BYTES, 38_535_168 * factor)
+
+
+def test_gb_vs_gib_is_named():
+    assert "10^9 (GB)" in wrong(GIB, 40.0)               # 40e9 / 1e9 given where GiB was asked
+    gb = Item("99-gb", 40.0, "GB", rel_tol=0.005)
+    assert "2^30 (GiB)" in wrong(gb, 40e9 / 2**30)
+
+
+def test_diagnostics_never_print_the_expected_value():
+    for answer in [1, 38_535_168 * 3, 38_535_168 * 1.2]:
+        message = wrong(BYTES, answer)
+        assert "38535168" not in message.replace(",", "") and "36.75" not in message
+
+
+@pytest.mark.parametrize("answer, words", [
+    (..., "not answered yet"),
+    (None, "is None"),
+    ("38535168", "without quotes"),
+    ("about forty", "the text"),
+    (True, "yes/no"),
+    ([1, 2], "a list"),
+    ((1,), "a tuple"),
+    (torch.tensor(38_535_168.0), ".item()"),
+    (torch.ones(3), "shape (3,)"),
+    (np.ones((2, 2)), "shape (2, 2)"),
+    (float("nan"), "NaN"),
+    (math.inf, "infinite"),
+    (1 + 2j, "complex"),
+    (object(), "not a number"),
+])
+def test_bad_input_gets_a_plain_words_message(answer, words):
+    message = wrong(BYTES, answer)
+    assert words in message and message.startswith("99-bytes:")
+
+
+def test_choice_items():
+    assert "roof is the bandwidth" in wrong(CHOICE, "compute")
+    assert "one of 'compute', 'memory'" in wrong(CHOICE, "latency")
+    assert "one of" in wrong(CHOICE, 3)
+
+
+def test_wrong_answer_is_an_assertion_shown_without_traceback():
+    error = WrongAnswer("99-x: 8x too large")
+    assert isinstance(error, AssertionError)
+    assert error._render_traceback_() == ["\x1b[31m✘ 99-x: 8x too large\x1b[0m"]
+
+
+def test_selfcheck_round_trip_is_deterministic_and_not_plain_text():
+    items = {i.id: i for i in (BYTES, GIB, CHOICE)}
+    text = checks.encode_selfcheck(items)
+    assert text == checks.encode_selfcheck(dict(reversed(items.items())))
+    assert checks.decode_selfcheck(text) == items
+    assert "38535168" not in text and "number of elements" not in text
+
+
+KEY_MODULE = '''
+from gpulab.checks import Item
+ITEMS = [Item("42-answer", 42, "units")]
+'''
+
+
+def test_key_lookup_order(tmp_path, monkeypatch, capsys):
+    keys = tmp_path / "course" / "autograder" / "keys"
+    keys.mkdir(parents=True)
+    (keys / "42_topic.py").write_text(KEY_MODULE)
+    notebook_dir = tmp_path / "course" / "solutions" / "42_topic"
+    notebook_dir.mkdir(parents=True)
+    monkeypatch.delenv(checks.KEYS_ENV, raising=False)
+
+    # 3. an instructor in the repository: found by walking up
+    monkeypatch.chdir(notebook_dir)
+    check("42-answer", 42)
+    assert "✔ 42-answer" in capsys.readouterr().out
+
+    # 2. a self-study release: selfcheck.dat beside the notebook wins
+    forged = checks.encode_selfcheck({"42-answer": Item("42-answer", 7, "units")})
+    (notebook_dir / checks.SELFCHECK_FILE).write_text(forged)
+    check("42-answer", 7)
+    assert "✔" in capsys.readouterr().out
+
+    # 1. grading: the instructor's folder wins over a file the student could have edited
+    monkeypatch.setenv(checks.KEYS_ENV, str(keys))
+    with pytest.raises(WrongAnswer):
+        check("42-answer", 7)
+    with pytest.raises(KeyError, match="42-missing"):
+        check("42-missing", 1)
+
+
+def test_without_any_key_the_answer_is_only_recorded(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(checks.KEYS_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    check("42-answer", 41)
+    assert "recorded" in capsys.readouterr().out
+
+
+def test_missing_key_for_chapter_in_grading_folder_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(checks.KEYS_ENV, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no key for chapter 42"):
+        check("42-answer", 42)

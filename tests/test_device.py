@@ -1,0 +1,339 @@
+"""Tests of gpulab.device: the preflight report.
+
+diagnose() is pure, so most tests describe a made-up machine as DeviceFacts and check the finding
+a learner would read. The rest run collect_facts() and `python -m gpulab doctor` on this machine,
+and feed collect_facts() a fake pynvml to cover drivers that are missing, broken or partial.
+No GPU needed.
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpulab import device
+from gpulab.__main__ import main
+from gpulab.device import (
+    GiB, LEARNER_BUDGET_BYTES, NVML_INIT_FAILED, NVML_NO_LIBRARY, NVML_NOT_INSTALLED, NVML_OK,
+    DeviceFacts, Finding, GPUProcess, NvmlGPU, TorchGPU, collect_facts, diagnose, is_usable,
+    physical_gpu, render_report,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+A100 = "NVIDIA A100-SXM4-80GB"
+UUID = "5b6c1d2e-0000-1111-2222-333344445555"  # torch's spelling; NVML adds "GPU-"
+
+
+def torch_gpu(free=70 * GiB, total=80 * GiB, name=A100) -> TorchGPU:
+    return TorchGPU(0, name, (8, 0), total, free, bf16=True, uuid=UUID)
+
+
+def nvml_gpu(index=0, used=10 * GiB, total=80 * GiB, processes=None) -> NvmlGPU:
+    return NvmlGPU(index, A100, total, used, processes=processes, uuid=UUID if index == 0 else None)
+
+
+def machine(**changes) -> DeviceFacts:
+    """A healthy machine: CUDA 12.6 build of torch, driver for CUDA 12.6, one A100 with room.
+    Each test changes only what it is about."""
+    healthy = DeviceFacts(
+        torch_version="2.13.0+cu126", torch_cuda="12.6", cuda_available=True,
+        cuda_visible_devices=None, torch_gpus=[torch_gpu()], nvml_status=NVML_OK,
+        driver_version="560.35.03", driver_cuda="12.6", nvml_gpus=[nvml_gpu()], pid=1000,
+    )
+    return dataclasses.replace(healthy, **changes)
+
+
+def only(findings: list[Finding]) -> Finding:
+    assert len(findings) == 1, findings
+    return findings[0]
+
+
+CPU_BUILD = dict(torch_version="2.13.0+cpu", torch_cuda=None, cuda_available=False, torch_gpus=[])
+NO_DRIVER = dict(nvml_status=NVML_NO_LIBRARY, nvml_error="NVML Shared Library Not Found",
+                 driver_version=None, driver_cuda=None, nvml_gpus=[])
+TORCH_SEES_NO_GPU = dict(cuda_available=False, torch_gpus=[])
+
+
+# ------------------------------------------------------------------ diagnose, scenario by scenario
+
+@pytest.mark.parametrize("facts", [
+    machine(**CPU_BUILD, **NO_DRIVER),
+    machine(**TORCH_SEES_NO_GPU, **NO_DRIVER),  # the default pip torch on Linux is a CUDA build
+    machine(**CPU_BUILD, nvml_status=NVML_NOT_INSTALLED, nvml_gpus=[]),
+], ids=["cpu-build", "cuda-build", "no-pynvml"])
+def test_a_no_gpu_is_ok_and_says_experiments_shrink(facts):
+    finding = only(diagnose(facts))
+    assert finding.level == "ok"
+    assert finding.message.startswith("No GPU: experiments run on CPU at reduced size")
+    assert is_usable([finding])
+
+
+def test_b_gpu_present_but_torch_is_cpu_only_build():
+    facts = machine(**CPU_BUILD, driver_cuda="12.4")
+    finding = only(diagnose(facts))
+    assert finding.level == "error"
+    assert "CPU-only" in finding.message and A100 in finding.message
+    assert "make lab TORCH=" in finding.next_step and "12.4" in finding.next_step
+    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu" in finding.next_step
+    assert not is_usable([finding])
+
+
+def test_c_driver_older_than_torch_cuda_runtime():
+    facts = machine(**TORCH_SEES_NO_GPU, driver_version="550.54.15", driver_cuda="12.4",
+                    torch_cuda_error="The NVIDIA driver on your system is too old")
+    finding = only(diagnose(facts))
+    assert finding.level == "error"
+    assert "driver too old" in finding.message
+    for version in ("12.4", "12.6", "550.54.15"):
+        assert version in finding.message
+    assert "make lab TORCH=" in finding.next_step
+
+
+def test_c_versions_compare_as_numbers_not_text():
+    # "12.10" > "12.9" as versions, though not as strings: no "too old" here
+    facts = machine(**TORCH_SEES_NO_GPU, torch_cuda="12.9", driver_cuda="12.10",
+                    torch_cuda_error="some other reason")
+    finding = only(diagnose(facts))
+    assert finding.level == "error"
+    assert "too old" not in finding.message and "some other reason" in finding.message
+
+
+def test_d_cuda_build_but_driver_not_loaded():
+    facts = machine(**TORCH_SEES_NO_GPU, nvml_status=NVML_INIT_FAILED,
+                    nvml_error="Driver Not Loaded", driver_version=None, driver_cuda=None,
+                    nvml_gpus=[])
+    finding = only(diagnose(facts))
+    assert finding.level == "error"
+    assert "driver" in finding.message and "Driver Not Loaded" in finding.message
+    assert "nvidia-smi" in finding.next_step
+
+
+def test_e_nearly_full_gpu_names_the_other_processes():
+    us = GPUProcess(1000, "python", GiB // 2)  # machine() says pid 1000 collected the facts
+    processes = [GPUProcess(4242, "python3", 70 * GiB), us]
+    facts = machine(torch_gpus=[torch_gpu(free=2 * GiB)],
+                    nvml_gpus=[nvml_gpu(used=78 * GiB, processes=processes)])
+    finding = only(diagnose(facts))
+    assert finding.level == "warn"
+    assert "2.0 GiB free of 80.0 GiB" in finding.message
+    assert "other processes hold 70.0 GiB: pid 4242 python3" in finding.message
+    assert "pid 1000" not in finding.message
+    assert "CUDA_VISIBLE_DEVICES" in finding.next_step
+    assert "before CUDA initialises" in finding.next_step
+    assert is_usable([finding])
+
+
+@pytest.mark.parametrize("free, total, warns", [
+    (LEARNER_BUDGET_BYTES - 1, 16 * GiB, True),  # under the 4 GiB budget
+    (LEARNER_BUDGET_BYTES, 16 * GiB, False),
+    (6 * GiB, 80 * GiB, True),  # 7.5% free: over budget, but the GPU is taken
+    (9 * GiB, 80 * GiB, False),
+])
+def test_e_memory_thresholds(free, total, warns):
+    facts = machine(torch_gpus=[torch_gpu(free=free, total=total)],
+                    nvml_gpus=[nvml_gpu(processes=None)])
+    finding = only(diagnose(facts))
+    assert finding.level == ("warn" if warns else "ok")
+    if warns:  # no process list from the driver: still says how much is taken
+        assert "in use" in finding.message
+
+
+@pytest.mark.parametrize("value", ["", "-1", "2", "NoDevFiles"])
+def test_f_cuda_visible_devices_hides_every_gpu(value):
+    facts = machine(**TORCH_SEES_NO_GPU, cuda_visible_devices=value,
+                    nvml_gpus=[nvml_gpu(0), nvml_gpu(1)])
+    finding = only(diagnose(facts))
+    assert finding.level == "warn"
+    assert f"CUDA_VISIBLE_DEVICES={value!r} hides all 2 GPU(s)" in finding.message
+    assert is_usable([finding])
+
+
+def test_f_a_valid_cuda_visible_devices_is_not_blamed():
+    facts = machine(**TORCH_SEES_NO_GPU, cuda_visible_devices="1", torch_cuda_error="boom",
+                    nvml_gpus=[nvml_gpu(0), nvml_gpu(1)])
+    finding = only(diagnose(facts))
+    assert finding.level == "error" and "boom" in finding.message
+
+
+def test_g_ready_names_the_gpu():
+    finding = only(diagnose(machine()))
+    assert finding.level == "ok"
+    assert finding.message.startswith(f"Ready: experiments run on {A100}")
+
+
+# ------------------------------------------------------------------ the report
+
+def test_report_states_units_and_ends_with_verdict_and_next_step():
+    facts = machine(**CPU_BUILD, driver_cuda="12.4")
+    report = render_report(facts, diagnose(facts))
+    assert "GiB (2^30 bytes)" in report
+    verdict, next_step = report.splitlines()[-2:]
+    assert verdict.startswith("Verdict: BROKEN")
+    assert next_step.startswith("Next step: reinstall torch")
+
+
+def test_report_of_a_ready_machine_has_no_next_step():
+    report = render_report(machine(), diagnose(machine()))
+    assert report.splitlines()[-1] == f"Verdict: READY on {A100}."
+
+
+# ------------------------------------------------------------------ this machine, for real
+
+def test_best_device_follows_torch(monkeypatch):
+    assert device.best_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device.best_device() == torch.device("cpu")
+
+
+@pytest.mark.parametrize("visible, torch_index, physical", [
+    (None, 1, 1),  # unset: nothing renumbered
+    ("2,3", 0, 2),
+    ("2,3", 1, 3),
+    ("3, 1", 1, 1),  # the listed order, not sorted
+    ("2,-1,3", 0, 2),  # CUDA stops at the first invalid entry
+])
+def test_physical_gpu_follows_cuda_visible_devices(visible, torch_index, physical):
+    assert physical_gpu(visible, torch_index) == physical
+
+
+@pytest.mark.parametrize("visible, torch_index", [("2,3", 2), ("", 0), ("2,-1,3", 1)])
+def test_physical_gpu_rejects_a_hidden_index(visible, torch_index):
+    with pytest.raises(IndexError, match="does not exist"):
+        physical_gpu(visible, torch_index)
+
+
+def test_learner_budget_is_4_gib():
+    assert LEARNER_BUDGET_BYTES == 4 * 2**30
+
+
+def test_collect_facts_on_this_machine():
+    facts = collect_facts()
+    assert facts.torch_version == torch.__version__
+    assert facts.cuda_build == (torch.version.cuda is not None)  # False on the CPU build
+    assert facts.cuda_available == torch.cuda.is_available()
+    assert len(facts.torch_gpus) == (torch.cuda.device_count() if facts.cuda_available else 0)
+    assert facts.nvml_status in (NVML_OK, NVML_NOT_INSTALLED, NVML_NO_LIBRARY, NVML_INIT_FAILED)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only report")
+def test_report_on_this_cpu_machine_says_cpu_and_reduced_size():
+    facts = collect_facts()
+    report = render_report(facts, diagnose(facts))
+    assert "No GPU: experiments run on CPU at reduced size" in report
+    assert report.splitlines()[-1].startswith("Verdict: READY on CPU")
+
+
+def test_python_m_gpulab_doctor_exits_0_here():
+    done = subprocess.run([sys.executable, "-m", "gpulab", "doctor"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Verdict: " in done.stdout
+
+
+def test_python_m_gpulab_without_command_prints_usage(capsys):
+    assert main([]) == 2
+    assert "usage: python -m gpulab" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ NVML, with a fake pynvml
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int, text: str):
+        super().__init__(text)
+        self.value = value
+
+
+def fake_pynvml(init_error: Exception | None = None, broken_gpu: int | None = None):
+    """Two A100s; GPU 1 will not list its processes; ``broken_gpu`` fails its memory query."""
+    nvml = types.ModuleType("pynvml")
+    nvml.NVML_ERROR_LIBRARY_NOT_FOUND = 12
+    nvml.shut_down = False
+
+    def init():
+        if init_error:
+            raise init_error
+
+    def memory(handle):
+        if handle == broken_gpu:
+            raise FakeNVMLError(15, "GPU is lost")
+        return types.SimpleNamespace(total=80 * GiB, used=GiB, free=79 * GiB)
+
+    def processes(handle):
+        if handle == 1:
+            raise FakeNVMLError(3, "Not Supported")
+        return [types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=GiB)]
+
+    nvml.nvmlInit = init
+    nvml.nvmlShutdown = lambda: setattr(nvml, "shut_down", True)
+    nvml.nvmlSystemGetDriverVersion = lambda: b"550.54.15"  # older pynvml returns bytes
+    nvml.nvmlSystemGetCudaDriverVersion = lambda: 12040
+    nvml.nvmlDeviceGetCount = lambda: 2
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: i
+    nvml.nvmlDeviceGetName = lambda handle: A100
+    nvml.nvmlDeviceGetUUID = lambda handle: f"GPU-{handle}0000000-AAAA"
+    nvml.nvmlDeviceGetMemoryInfo = memory
+    nvml.nvmlDeviceGetComputeRunningProcesses = processes
+    return nvml
+
+
+@pytest.mark.parametrize("error, status", [
+    (FakeNVMLError(9, "Driver Not Loaded"), NVML_INIT_FAILED),
+    (FakeNVMLError(12, "NVML Shared Library Not Found"), NVML_NO_LIBRARY),
+    (RuntimeError("anything else"), NVML_INIT_FAILED),
+])
+def test_nvml_init_failure_is_recorded_not_raised(monkeypatch, error, status):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=error))
+    facts = collect_facts()
+    assert facts.nvml_status == status and facts.nvml_error == str(error)
+    assert facts.nvml_gpus == []
+    assert str(error) in render_report(facts, diagnose(facts))
+
+
+def test_missing_pynvml_is_recorded(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
+    assert collect_facts().nvml_status == NVML_NOT_INSTALLED
+
+
+def test_nvml_facts_from_a_working_driver(monkeypatch):
+    nvml = fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    facts = collect_facts()
+    assert (facts.nvml_status, facts.nvml_error) == (NVML_OK, None)
+    assert (facts.driver_version, facts.driver_cuda) == ("550.54.15", "12.4")
+    first, second = facts.nvml_gpus
+    assert (first.name, first.total_bytes, first.used_bytes) == (A100, 80 * GiB, GiB)
+    assert first.uuid == "00000000-aaaa"
+    our_name = Path("/proc/self/comm").read_text().strip()
+    assert first.processes == [GPUProcess(os.getpid(), our_name, GiB)]
+    assert second.processes is None  # the driver would not say: unknown, not "none"
+    assert nvml.shut_down
+
+
+def test_nvml_query_failing_midway_keeps_what_was_gathered(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(broken_gpu=1))
+    facts = collect_facts()
+    assert len(facts.nvml_gpus) == 1
+    assert "GPU is lost" in facts.nvml_error
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="needs the CPU-only build of torch")
+def test_doctor_exits_1_when_gpus_exist_but_torch_is_cpu_only(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "CPU-only build" in out and "Verdict: BROKEN" in out and "12.4" in out
+
+
+def test_visible_gpu_count_runs_a_fresh_process(monkeypatch):
+    # On this CPU-only machine every count is 0; the point is that the probe runs, parses and
+    # honours the variable in a child process without touching ours.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    from gpulab.device import visible_gpu_count
+    assert visible_gpu_count("") == 0
+    assert visible_gpu_count(None, set_after_init=True) == torch.cuda.device_count()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"

@@ -1,0 +1,71 @@
+"""Answer keys: complete, consistent with the notebooks, and cross-checked against published figures."""
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gpulab.checks import SELFCHECK_FILE, WrongAnswer, decode_selfcheck, judge, load_key_module
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY_FILES = sorted((ROOT / "autograder" / "keys").glob("[0-9][0-9]_*.py"))
+TEST_CELL = re.compile(r'^check\("([0-9]{2}-[a-z0-9-]+)", ([A-Za-z_][A-Za-z0-9_]*)\)$')
+
+
+def key(name: str):
+    return load_key_module(ROOT / "autograder" / "keys" / f"{name}.py")
+
+
+def test_every_chapter_has_a_key():
+    chapters = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
+    assert chapters and [p.stem for p in KEY_FILES] == chapters
+
+
+@pytest.mark.parametrize("key_file", KEY_FILES, ids=lambda p: p.stem)
+def test_key_matches_its_notebook_one_to_one(key_file):
+    items = load_key_module(key_file)
+    chapter = key_file.stem
+    nb = nbformat.read(ROOT / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    tested = []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade") and not meta.get("solution"):
+            match = TEST_CELL.match(cell.source.strip())
+            assert match, f"test cell {meta['grade_id']} is not one `check(...)` line: {cell.source!r}"
+            tested.append(match.group(1))
+    assert sorted(tested) == sorted(items), "every key item needs exactly one test cell, and back"
+    assert len(items) >= 8
+    assert all(item_id.startswith(chapter[:2] + "-") for item_id in items)
+
+
+@pytest.mark.parametrize("key_file", KEY_FILES, ids=lambda p: p.stem)
+def test_every_typical_mistake_is_wrong_and_diagnosed(key_file):
+    for item in load_key_module(key_file).values():
+        assert item.mistakes, f"{item.id} has no typical wrong answer"
+        for mistake in item.mistakes:
+            with pytest.raises(WrongAnswer) as info:
+                judge(item, mistake.value)
+            assert mistake.says in str(info.value), f"{item.id}: {mistake.value} not diagnosed"
+
+
+@pytest.mark.parametrize("key_file", KEY_FILES, ids=lambda p: p.stem)
+def test_committed_selfcheck_matches_the_key(key_file):
+    selfcheck = ROOT / "notebooks" / key_file.stem / SELFCHECK_FILE
+    assert decode_selfcheck(selfcheck.read_text()) == load_key_module(key_file)
+
+
+def test_chapter_01_against_independent_figures():
+    items = key("01_device_basics")
+    value = {item_id: item.value for item_id, item in items.items()}
+    # Worked by hand from the question texts.
+    assert value["01-batch-bytes"] == 38_535_168                  # 64*3*224*224 * 4 B
+    assert value["01-batch-mib"] == pytest.approx(36.75)          # 38,535,168 / 2^20
+    assert value["01-bf16-weight-bytes"] == 90_177_536            # 11008*4096 * 2 B
+    assert value["01-h2d-ms"] == pytest.approx(1.5414, rel=1e-4)  # 38.5 MB / 25 GB/s
+    assert value["01-batches-per-s"] == pytest.approx(648.76, rel=1e-4)
+    assert value["01-pageable-gbps"] == pytest.approx(100 / 9)    # 1 / (1/20 + 1/25)
+    assert (value["01-visible-physical"], value["01-visible-count"]) == (3, 2)
+    # H100 SXM: 132 SMs x 64 resident warps (Hopper whitepaper; CUDA guide, CC 9.0).
+    assert value["01-resident-warps"] == 8448
+    # H200 datasheet: 4.8 TB/s HBM3e; 8e9 params x 2 B = 16 GB -> 3.33 ms.
+    assert value["01-h200-read-ms"] == pytest.approx(10 / 3)
