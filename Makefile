@@ -22,9 +22,11 @@ setup: $(READY)
 $(READY): pyproject.toml scripts/setup_venv.sh
 	@scripts/setup_venv.sh "$(PYTHON)" "$(VENV)" "$(TORCH)"
 
+# Containers and cloud machines often run as root, which Jupyter refuses unless told.
 lab: $(READY)
 	JUPYTER_CONFIG_PATH="$(CURDIR)/autograder" $(BIN)/jupyter lab \
-	    --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+	    --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks \
+	    $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 # Unit tests, the nbgrader round trip, and every solution notebook executed by nbval, on 2 workers.
 test: $(READY)

@@ -105,9 +105,9 @@ def host_copy_bandwidth(n_bytes: int, device: torch.device | str, pinned: bool,
     target = torch.empty(n_bytes, dtype=torch.uint8, device=device)
     timing = time_fn(lambda: target.copy_(source, non_blocking=pinned), device, repeats=repeats)
     if on_gpu:
-        what = f"host -> {torch.cuda.get_device_name(device)} ({'pinned' if pinned else 'pageable'})"
+        what = f"{'pinned' if pinned else 'pageable'} host -> GPU"
     else:
-        what = "host -> host memory copy (CPU only: no PCIe link to measure)"
+        what = "host -> host copy (CPU only, no PCIe link)"
     return CopyBandwidth(what, n_bytes, timing)
 
 

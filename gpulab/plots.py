@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 def bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title: str,
          log: bool = False):
     """Grouped bars: one group per label, one bar per series (e.g. 'predicted', 'measured')."""
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(labels) * len(series)), 3.2))
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.4 * len(labels) * len(series)), 3.2))
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
         positions = [x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))]
@@ -34,6 +34,7 @@ def by_size(sizes: list[float], series: dict[str, list[float]], xlabel: str, yla
     for name, values in series.items():
         ax.plot(sizes, values, marker="o", label=name)
     ax.set_xscale("log")
+    ax.set_ylim(bottom=0)  # a rate axis that starts at zero does not exaggerate differences
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -46,7 +46,7 @@ on_failure() {
 }
 trap on_failure ERR
 
-pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 if "$venv/bin/python" - "$min_torch" <<'PY' 2>/dev/null
 import sys, torch
 have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])

@@ -66,7 +66,7 @@ ITEMS = [
         Mistake((STAGING_MEMCPY + STAGING_DMA) / GB,
                 "adding bandwidths is right for links working in parallel; these stages run in series."),
     )),
-    Item("01-visible-physical", physical_gpu(VISIBLE, 1), "GPU index", mistakes=(
+    Item("01-visible-physical", physical_gpu(VISIBLE, 1), "", mistakes=(
         Mistake(1, "torch renumbers the visible GPUs from 0 in the order CUDA_VISIBLE_DEVICES lists "
                    "them, so cuda:1 is the second GPU listed, not physical GPU 1."),
         Mistake(2, "that is cuda:0, the first GPU listed. cuda:1 is the second one."),
