@@ -63,6 +63,15 @@ def test_release_is_in_sync_with_committed_notebooks(course):
                 f"notebooks/{chapter}/{name} is stale: run `make release` and commit it")
 
 
+def test_graded_release_has_no_self_checks(course):
+    course, _ = course
+    for chapter in CHAPTERS:
+        graded = course / "autograder" / "graded_release" / chapter
+        assert sorted(p.name for p in graded.iterdir()) == [f"{chapter}.ipynb"]
+        committed = ROOT / "notebooks" / chapter / f"{chapter}.ipynb"
+        assert (graded / f"{chapter}.ipynb").read_bytes() == committed.read_bytes()
+
+
 def scores(course: Path, chapter: str, student: str) -> dict[str, tuple[float, float]]:
     items = load_key_module(ROOT / "autograder" / "keys" / f"{chapter}.py")
     with Gradebook(f"sqlite:///{course / 'autograder' / 'gradebook.db'}") as gradebook:
