@@ -4,10 +4,14 @@ One module per idea, each short enough to read in one sitting:
 
 - ``gpulab.device``   pick the best device; the preflight report (``python -m gpulab doctor``)
 - ``gpulab.hardware`` datasheet figures of common NVIDIA GPUs, each row with its source
-- ``gpulab.arith``    the course's formulas (bytes, transfer times, ...), each citing its source
-- ``gpulab.measure``  timing and bandwidth measurements that are right on CPU and GPU alike
+- ``gpulab.arith``    the course's formulas (bytes, transfer times, training memory), each citing
+                      its source
+- ``gpulab.models``   the course's GPT, built so that its memory follows the formulas
+- ``gpulab.measure``  timing, bandwidth and peak memory, measured right on CPU and GPU alike
+- ``gpulab.memory``   the storage tracker and training step behind ``measure``'s peak memory
 - ``gpulab.checks``   the quiz checker used by notebook test cells
 - ``gpulab.plots``    the few plots the chapters share
+- ``gpulab.widgets``  interactive calculators (ipywidgets), each backed by a plain function
 
 Submodules are imported explicitly (``from gpulab import arith``) so that importing the
 package itself stays cheap.

@@ -128,3 +128,13 @@ def allocated_bytes(make_tensor, device: torch.device | str) -> int:
         del tensor
         return used
     return make_tensor().untyped_storage().nbytes()
+
+
+# ------------------------------------------------------------------------------------------
+# Peak memory (chapter 02). The storage tracker, the CUDA allocator path and the GPT training
+# step live in gpulab.memory; these are the names the notebooks use:
+#   peak_memory(fn, device=None, *, model=None, optimizer=None, inputs=()) -> MemoryPeak
+#   training_step_peak(config, batch_size, seq_len, dtype, optimizer, checkpointing=False,
+#                      device=None, fake=False) -> MemoryPeak   (.peak in bytes)
+
+from gpulab.memory import MemoryPeak, peak_memory, training_step_peak  # noqa: E402, F401

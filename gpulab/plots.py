@@ -42,3 +42,81 @@ def by_size(sizes: list[float], series: dict[str, list[float]], xlabel: str, yla
     ax.legend()
     fig.tight_layout()
     return ax
+
+
+# Labelled capacities of common cards, decimal GB (the vendor's "80 GB" = 80 * 10**9 bytes; the
+# datacenter rows match gpulab.hardware.GPUS). What a training process can use is less: see the
+# memory_bytes note in gpulab.hardware. Chapter 02, "VRAM arithmetic".
+CARDS_GB: dict[str, float] = {
+    "24 GB (e.g. RTX 4090, L4)": 24,
+    "40 GB (A100 40GB)": 40,
+    "80 GB (A100/H100 80GB)": 80,
+    "141 GB (H200)": 141,
+}
+
+
+def stacked_memory_bar(breakdown: dict[str, float], cards: dict[str, float] | None = CARDS_GB,
+                       title: str = "Training memory per GPU", ax=None):
+    """One stacked bar of a memory breakdown in bytes (its 'total' key is skipped), in decimal GB,
+    with a dashed line per card. The y axis reaches the first card the total fits on, so cards far
+    above are left out. ``cards=None`` draws no lines."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.4, 3.6))
+    bottom = 0.0
+    for name, value in breakdown.items():
+        if name != "total":
+            ax.bar(0, value / 1e9, 0.5, bottom=bottom, label=name)
+            bottom += value / 1e9
+    cards = cards or {}
+    fitting = [gb for gb in cards.values() if gb >= bottom]
+    top = 1.1 * max(bottom, min(fitting, default=0))
+    for label, gb in cards.items():
+        if gb <= top:
+            ax.axhline(gb, color="gray", ls="--", lw=1)
+            ax.text(0.3, gb, label, va="bottom", fontsize=8)
+    ax.set(xlim=(-0.5, 1.4), ylim=(0, top), xticks=[], title=title,
+           ylabel="memory per GPU (GB = 10^9 bytes)")
+    handles, names = ax.get_legend_handles_labels()  # reversed: the legend reads like the stack
+    ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return ax
+
+
+def stacked_bars(labels: list[str], stacks: dict[str, dict[str, list[float]]], ylabel: str,
+                 title: str, ax=None):
+    """Stacked bars side by side: one group per label (e.g. a batch size), one bar per stack
+    (e.g. 'predicted', 'measured'), each bar split into components ({'params': [...], ...}).
+    A component keeps its colour across stacks; stacks differ by hatching."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(5.5, 1.2 * len(labels) * len(stacks)), 3.4))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    width = 0.8 / len(stacks)
+    for i, (stack, parts) in enumerate(stacks.items()):
+        positions = [x + (i - (len(stacks) - 1) / 2) * width for x in range(len(labels))]
+        bottom = [0.0] * len(labels)
+        for j, (part, values) in enumerate(parts.items()):
+            ax.bar(positions, values, width, bottom=bottom, color=colours[j % len(colours)],
+                   hatch=("", "//", "..", "xx")[i % 4], edgecolor="white",
+                   label=f"{part} ({stack})")
+            bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set(ylabel=ylabel, title=title)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.4)  # headroom: the legend sits above the bars
+    ax.legend(fontsize=8, ncol=len(stacks), loc="upper left")
+    return ax
+
+
+def memory_timeline(timeline: list[tuple[str, int]], predicted_peak: float | None = None,
+                    title: str = "Bytes alive during one step"):
+    """Bytes alive after each operation (from ``measure.peak_memory(..., record=True)``), in MiB,
+    with the predicted peak as a dashed line."""
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.plot([nbytes / 2**20 for _, nbytes in timeline], label="measured")
+    if predicted_peak is not None:
+        ax.axhline(predicted_peak / 2**20, color="tab:red", linestyle="--", label="predicted peak")
+    ax.set_xlabel("operation number in the step")
+    ax.set_ylabel("bytes alive (MiB, 2^20 B)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    return ax

@@ -2,7 +2,8 @@
 
 The report (reports/gpu-check-<date>-<gpu>.md) records the date, GPU, driver, torch and CUDA
 versions, each chapter's execution time and peak GPU memory (the course keeps it under 4 GiB per
-learner), and the printed output of every experiment cell (cells tagged `experiment`). Commit it:
+learner), the printed output of every experiment cell (cells tagged `experiment`), and the
+result of the GPU-only tests (chapter 02: the allocator's peak vs the prediction). Commit it:
 it is the only place the course's GPU figures come from.
 
     python scripts/gpu_check.py [--out DIR]
@@ -13,6 +14,7 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,6 +66,12 @@ def main() -> None:
                   f"executed in {seconds:.1f} s; peak GPU memory allocated by PyTorch "
                   f"{peak / 2**30:.3f} GiB (budget 4 GiB)", "", *texts, ""]
         print(f"{path.parent.name}: {seconds:.1f} s, peak {peak / 2**30:.3f} GiB")
+    # The GPU-only tests: the allocator's peak against the tracker and the prediction.
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_memory.py", "-k", "cuda"],
+                           cwd=ROOT, capture_output=True, text=True)
+    lines += ["## GPU tests (`pytest tests/test_memory.py -k cuda`)", "", "```text",
+              *tests.stdout.strip().splitlines()[-15:], "```", ""]
+    print(tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else tests.stderr[-500:])
     args.out.mkdir(parents=True, exist_ok=True)
     slug = "".join(c if c.isalnum() else "-" for c in name).strip("-").lower()
     report = args.out / f"gpu-check-{today}-{slug}.md"

@@ -69,3 +69,34 @@ def test_chapter_01_against_independent_figures():
     assert value["01-resident-warps"] == 8448
     # H200 datasheet: 4.8 TB/s HBM3e; 8e9 params x 2 B = 16 GB -> 3.33 ms.
     assert value["01-h200-read-ms"] == pytest.approx(10 / 3)
+
+
+def test_chapter_02_against_independent_figures():
+    value = {item_id: item.value for item_id, item in key("02_vram_arithmetic").items()}
+    # Llama-2-7B (6,738,415,616 parameters) at 16 / 18 / 8 bytes per parameter.
+    assert value["02-llama7b-mixed-gb"] == pytest.approx(107.8146, rel=1e-6)
+    assert value["02-llama7b-fp32-grads-gb"] == pytest.approx(121.2915, rel=1e-6)
+    assert value["02-llama7b-bf16-gb"] == pytest.approx(53.9073, rel=1e-6)
+    assert value["02-max-params-80gib"] == 80 * 2**30 / 16
+    # Korthikanti et al.: sbh(34 + 5as/h) with s=2048, b=1, h=4096, a=32 -> 114·sbh bytes.
+    assert value["02-act-layer-gib"] == 2048 * 4096 * 114 / 2**30 == 0.890625
+    assert value["02-act-model-gib"] == 28.5
+    assert value["02-act-selective-gib"] == 2048 * 4096 * 34 / 2**30
+    assert value["02-act-full-mib"] == 16
+    assert value["02-gpt-params"] == 3_704_320       # measuring-memory.md: 3.70 M parameters
+    assert value["02-alloc-rounding"] == 4096
+
+
+def test_chapter_02_largest_batch_really_is_the_largest():
+    """The quiz's answer, measured: it fits the budget and one more sample does not."""
+    import torch
+
+    from gpulab import measure
+    from gpulab.models import GPTConfig
+
+    items = key("02_vram_arithmetic")
+    config = GPTConfig(vocab_size=1000, block_size=128, n_layer=4, n_head=4, n_embd=256)
+    batch, budget = items["02-largest-batch"].value, 140 * 2**20
+    fits = measure.training_step_peak(config, batch, 128, torch.float32, "adamw", fake=True).peak
+    too_big = measure.training_step_peak(config, batch + 1, 128, torch.float32, "adamw", fake=True).peak
+    assert fits <= budget < too_big

@@ -1,0 +1,111 @@
+"""Answer key for chapter 02, VRAM arithmetic. Instructor side: never copied into a release.
+
+Every expected value is computed by gpulab's tested functions from the numbers the questions
+state; each mistake is the value a typical slip produces, with the words the learner sees.
+"""
+import torch
+
+from gpulab import arith
+from gpulab.arith import GB, GiB, MiB
+from gpulab.checks import Item, Mistake
+from gpulab.models import GPT, GPTConfig
+
+# The numbers stated in the questions (solutions/02_vram_arithmetic, "Quiz" sections).
+LLAMA2_7B = 6_738_415_616                       # parameters of Llama-2-7B
+FREE_GIB = 80                                   # a card with 80 GiB free
+S, B, H, A, LAYERS = 2048, 1, 4096, 32, 32      # a Llama-2-7B-sized layer, 16-bit, with dropout
+COURSE_GPT = GPTConfig(vocab_size=1000, block_size=128, n_layer=4, n_head=4, n_embd=256)
+SEQ, BUDGET = 128, 140 * MiB                    # section 7: fp32 AdamW, predicted at batch 8 and 16
+ALLOC_VALUES = 1000                             # float32 values in one tensor
+
+
+def state_gb(recipe: str) -> float:
+    return arith.model_state_bytes(LLAMA2_7B, recipe)["total"] / GB
+
+
+def per_layer(**kwargs) -> int:
+    return arith.activation_bytes_per_layer(S, B, H, A, **kwargs)
+
+
+def largest_batch_inputs() -> tuple[float, float]:
+    """The fixed part and the per-sample cost the notebook prints (peak is linear in the batch)."""
+    peak_8, peak_16 = (arith.predict_training_memory(COURSE_GPT, b, SEQ, torch.float32, "adamw")["peak"]
+                       for b in (8, 16))
+    per_sample = (peak_16 - peak_8) / 8
+    return peak_8 - 8 * per_sample, per_sample
+
+
+fixed, per_sample = largest_batch_inputs()
+largest_batch = int((BUDGET - fixed) // per_sample)
+course_params = GPT.count_params(COURSE_GPT)
+h, L, V = COURSE_GPT.n_embd, COURSE_GPT.n_layer, COURSE_GPT.vocab_size
+
+ITEMS = [
+    Item("02-llama7b-mixed-gb", state_gb("mixed_adam"), "GB", rel_tol=0.005, mistakes=(
+        Mistake(LLAMA2_7B * 2 / GB, "that is only the bf16 weights. Add the gradients (2 bytes) and "
+                                    "the optimizer's fp32 master weights and two moments (12 bytes)."),
+        Mistake(state_gb("mixed_adam_fp32_grads"), "18 bytes per parameter is the fp32-gradient "
+                "recipe (Megatron-LM); mixed_adam keeps gradients in 2 bytes: 2 + 2 + 12."),
+        Mistake(LLAMA2_7B * 12 / GB, "that is only the optimizer state (12 bytes); add the weights "
+                                     "and gradients, 2 bytes each."),
+    )),
+    Item("02-llama7b-fp32-grads-gb", state_gb("mixed_adam_fp32_grads"), "GB", rel_tol=0.005, mistakes=(
+        Mistake(state_gb("mixed_adam"), "that is mixed_adam (16 bytes); this recipe keeps the "
+                                        "gradients in fp32: 2 + 4 + 12 = 18 bytes per parameter."),
+        Mistake(LLAMA2_7B * 20 / GB, "20 bytes adds a separate fp32 accumulation buffer; this recipe "
+                                     "keeps the fp32 gradients themselves: 2 + 4 + 12."),
+    )),
+    Item("02-llama7b-bf16-gb", state_gb("bf16_adam"), "GB", rel_tol=0.005, mistakes=(
+        Mistake(state_gb("mixed_adam"), "pure bf16 has no fp32 master copy and keeps both moments "
+                                        "in bf16: 2 + 2 + 2 + 2 = 8 bytes per parameter."),
+        Mistake(LLAMA2_7B * 10 / GB, "10 bytes (bf16 weights, fp32 moments, no gradients) is How to "
+                                     "Scale Your Model's count; here everything is bf16 and "
+                                     "gradients count: 2 + 2 + 2 + 2."),
+    )),
+    Item("02-max-params-80gib", FREE_GIB * GiB / arith.model_state_bytes(1, "mixed_adam")["total"],
+         "parameters", rel_tol=0.005, mistakes=(
+        Mistake(FREE_GIB * GB / 16, "you read 80 GiB as 80 × 10^9 bytes; a GiB is 2^30 bytes."),
+        Mistake(FREE_GIB * GiB / 2, "that counts only the 2-byte weights; mixed_adam needs 16 "
+                                    "bytes per parameter."),
+        Mistake(FREE_GIB * GiB / 18, "18 bytes per parameter is the fp32-gradient recipe; "
+                                     "mixed_adam is 16."),
+    )),
+    Item("02-act-layer-gib", per_layer() / GiB, "GiB", rel_tol=0.005, mistakes=(
+        Mistake(per_layer(recompute="selective") / GiB,
+                "you left out the attention scores' term 5as/h: here it is 80, more than the 34."),
+        Mistake(per_layer() / GB, "you divided by 10^9 (GB); the question asks for GiB (2^30)."),
+    )),
+    Item("02-act-model-gib", LAYERS * per_layer() / GiB, "GiB", rel_tol=0.005, mistakes=(
+        Mistake(per_layer() / GiB, "that is one layer; the model has 32."),
+        Mistake(LAYERS * per_layer(recompute="selective") / GiB,
+                "you left out the attention scores' term 5as/h in every layer."),
+    )),
+    Item("02-act-selective-gib", per_layer(recompute="selective") / GiB, "GiB", rel_tol=0.005, mistakes=(
+        Mistake(per_layer() / GiB, "that is without recomputation; selective recomputation drops "
+                                   "the 5as/h scores term and keeps 34·s·b·h."),
+        Mistake(per_layer(recompute="full") / GiB, "that is full recomputation (the layer input "
+                                                   "only); selective keeps 34·s·b·h."),
+    )),
+    Item("02-act-full-mib", per_layer(recompute="full") / MiB, "MiB", rel_tol=0.005, mistakes=(
+        Mistake(S * B * H / MiB, "that counts values; each 16-bit value is 2 bytes."),
+        Mistake(per_layer(recompute="selective") / MiB,
+                "that is selective recomputation; full recomputation keeps only the layer input, 2·s·b·h."),
+    )),
+    Item("02-gpt-params", course_params, "parameters", mistakes=(
+        Mistake(course_params - V * h, "you tied the head to the token embedding; this GPT's head "
+                                       "has its own V·h weights."),
+        Mistake(course_params - L * 13 * h, "you left out the biases and LayerNorm weights: 13h per block."),
+        Mistake(12 * L * h * h, "that is 12·L·h² alone; add the embeddings (V·h + T·h), the head "
+                                "(V·h), the biases and LayerNorms (13h per block, 2h final)."),
+    )),
+    Item("02-largest-batch", largest_batch, "samples", mistakes=(
+        Mistake(largest_batch + 1, "rounded up: that batch does not fit. Take the floor."),
+        Mistake(int(BUDGET // per_sample), "you forgot the fixed part (weights, AdamW moments, "
+                                           "buffers): subtract it from the budget first."),
+    )),
+    Item("02-alloc-rounding", arith.allocator_bytes(ALLOC_VALUES * 4), "bytes", mistakes=(
+        Mistake(ALLOC_VALUES * 4, "that is what was asked for; the caching allocator rounds every "
+                                  "block up to a multiple of 512 bytes."),
+        Mistake(ALLOC_VALUES * 4 * 8, "8x too large: you counted bits."),
+    )),
+]
