@@ -15,7 +15,7 @@ GRADED ?=
 READY := $(VENV)/.gpulab-ready
 BIN   := $(VENV)/bin
 
-.PHONY: setup lab test release autograde feedback bench gpu-check doctor clean
+.PHONY: setup lab test release autograde feedback book bench gpu-check doctor clean
 
 setup: $(READY)
 
@@ -46,6 +46,10 @@ autograde: $(READY)
 feedback: $(READY)
 	$(BIN)/python autograder/grade.py --feedback-only
 
+# The course as a static site in book/_build/html (offline; warnings are errors).
+book: $(READY)
+	$(BIN)/python scripts/build_book.py
+
 bench: $(READY)
 	$(BIN)/python scripts/bench.py
 
@@ -54,4 +58,4 @@ gpu-check: $(READY)
 
 clean:
 	rm -rf autograder/autograded autograder/feedback autograder/graded_release \
-	    autograder/gradebook.db autograder/grades.csv .pytest_cache book/_build
+	    autograder/gradebook.db autograder/grades.csv .pytest_cache book/_build book/chapters

@@ -2,7 +2,8 @@
 
 1. CPU execution time of every solution notebook (target: chapter 01 <= 60 s, each well under
    120 s on a 2-core machine);
-2. autograding time per submission, in a throwaway copy of the course.
+2. the book build (Jupyter Book, chapters executed unless cached);
+3. autograding time per submission, in a throwaway copy of the course.
 """
 from __future__ import annotations
 
@@ -48,6 +49,11 @@ def main() -> None:
     print("\nsolution notebooks, executed top to bottom (fresh kernel each):")
     for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):
         print(f"  {path.relative_to(ROOT)}: {execute_seconds(path):6.1f} s")
+    cache = ROOT / "book" / "_build" / ".jupyter_cache"
+    state = "warm cache" if cache.exists() else "cold: every chapter executed"
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "scripts/build_book.py"], cwd=ROOT, check=True, capture_output=True)
+    print(f"\nbook build (make book, {state}): {time.perf_counter() - start:.1f} s")
     n = 2
     total = autograde_seconds(n)
     print(f"\nautograde of {n} submissions per chapter (release + autograde + feedback + export): "

@@ -1,0 +1,82 @@
+"""`make book`: the course as a static site with Jupyter Book 1.x, built offline.
+
+1. Each solution notebook becomes a page in book/chapters/ (generated, not committed):
+   - a worked answer cell keeps only its solution, hidden behind a "Show answer" toggle;
+   - test cells (grading plumbing) are removed from the page (they still run, so a wrong
+     worked answer would show up as an error in the build);
+   - a written answer becomes a collapsed "model answer" dropdown;
+   - nbgrader's metadata and markers are dropped;
+   - a first cell prints which device, torch version and date produced the page's outputs.
+2. `jupyter-book build book -W` executes the pages (cached in book/_build/.jupyter_cache, so an
+   unchanged chapter is not run again) and writes book/_build/html; any warning fails the build.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOK = ROOT / "book"
+CHAPTERS = BOOK / "chapters"
+
+DEVICE_NOTE = r'''
+import datetime, platform, torch
+from gpulab.device import best_device
+where = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+         else f"the CPU ({platform.processor() or platform.machine()}), no GPU: experiments at reduced size")
+print(f"Outputs on this page were produced on {where};\n"
+      f"torch {torch.__version__}, {datetime.date.today().isoformat()}.")'''
+
+
+def worked_answer(source: str) -> str:
+    """An answer cell's worked solution, without the `name = ...` stub and the markers."""
+    inside = source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
+    return inside.strip("\n")
+
+
+def page_from(solution: Path) -> nbformat.NotebookNode:
+    nb = nbformat.read(solution, as_version=4)
+    cells = []
+    for cell in nb.cells:
+        meta = cell.metadata.pop("nbgrader", {})
+        tags = cell.metadata.setdefault("tags", [])
+        if meta.get("solution") and cell.cell_type == "code":
+            cell.source = worked_answer(cell.source)
+            tags.append("hide-input")
+        elif meta.get("grade") and cell.cell_type == "code":
+            tags.append("remove-cell")
+        elif meta.get("solution") and cell.cell_type == "markdown":
+            cell.source = f"````{{dropdown}} Show a model answer\n{cell.source.strip()}\n````"
+        if "memory_calculator(" in cell.source:
+            # An interactive widget needs a live kernel; the static page says so instead.
+            tags.append("remove-output")
+            cells.append(cell)
+            cells.append(nbformat.v4.new_markdown_cell(
+                "*(The calculator is interactive in JupyterLab: run this notebook to use it.)*"))
+            continue
+        cells.append(cell)
+    note = nbformat.v4.new_code_cell(DEVICE_NOTE, metadata={"tags": ["remove-input"]})
+    nb.cells = cells[:1] + [note] + cells[1:]   # right under the chapter's title
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"page-{i:03d}"
+    nb.metadata.pop("title", None)
+    return nb
+
+
+def main() -> None:
+    CHAPTERS.mkdir(exist_ok=True)
+    for old in CHAPTERS.glob("*.ipynb"):
+        old.unlink()
+    for solution in sorted((ROOT / "solutions").glob("*/*.ipynb")):
+        nbformat.write(page_from(solution), CHAPTERS / solution.name)
+    jupyter_book = Path(sys.executable).parent / "jupyter-book"
+    subprocess.run([str(jupyter_book), "build", str(BOOK), "-W", "--keep-going"], check=True)
+    print(f"book: {BOOK / '_build' / 'html' / 'index.html'}")
+
+
+if __name__ == "__main__":
+    main()
