@@ -227,3 +227,44 @@ def lookup(name: str) -> GPUSpec | None:
         if short_name.lower() == key.lower():
             return spec
     return None
+
+
+# ------------------------------------------------------------------------------------------
+# Peak FLOP/s by dtype (chapter 03, "MFU" and "The roofline")
+
+# dtype name -> the GPUSpec field holding its dense peak. float32 is the CUDA-core figure:
+# torch runs float32 matmuls on the CUDA cores unless TF32 is switched on
+# (torch.backends.cuda.matmul.allow_tf32, off by default since PyTorch 1.12, or
+# torch.set_float32_matmul_precision("high")); then ask for "tf32".
+_PEAK_FIELDS = {
+    "bfloat16": "bf16_flops", "bf16": "bf16_flops",
+    "float16": "fp16_flops", "fp16": "fp16_flops", "half": "fp16_flops",
+    "float32": "fp32_flops", "fp32": "fp32_flops", "float": "fp32_flops",
+    "tf32": "tf32_flops",
+}
+
+
+def peak_flops(spec: GPUSpec, dtype) -> float:
+    """Dense datasheet peak of ``spec`` in FLOP/s for ``dtype``.
+
+    ``dtype``: torch.bfloat16, torch.float16 or torch.float32 (or their names, "bf16", "fp16",
+    "fp32"), or the string "tf32" for tensor-core TF32. bf16/fp16/tf32 are tensor-core peaks;
+    float32 is the non-tensor-core (CUDA core) peak, which is what float32 matmuls get unless
+    TF32 is enabled. Sparsity is never counted (see the module docstring). No torch import: the
+    dtype is read by name, so ``str(torch.bfloat16)`` ("torch.bfloat16") works too.
+
+    >>> peak_flops(GPUS["H100-SXM5-80GB"], "bfloat16") / 1e12
+    989.4
+    """
+    if not isinstance(spec, GPUSpec):
+        raise ValueError(f"spec must be a GPUSpec (e.g. lookup(...) or GPUS[...]), got {spec!r}")
+    name = str(dtype).removeprefix("torch.").lower()
+    field = _PEAK_FIELDS.get(name)
+    if field is None:
+        raise ValueError(f"no peak figure for dtype {dtype!r} in the table: use torch.bfloat16, "
+                         f"torch.float16, torch.float32 or 'tf32' (fp64, int8 and fp8 peaks are "
+                         f"not tabulated)")
+    return getattr(spec, field)
+
+
+__all__.append("peak_flops")

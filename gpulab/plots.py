@@ -120,3 +120,29 @@ def memory_timeline(timeline: list[tuple[str, int]], predicted_peak: float | Non
     ax.legend()
     fig.tight_layout()
     return ax
+
+
+def roofline(points: dict[str, tuple[float, float]], roofs: dict[str, tuple[float, float]],
+             title: str = "Roofline"):
+    """Measured operations on the roofline (Williams, Waterman and Patterson 2009), log-log.
+
+    ``points``: name -> (arithmetic intensity in FLOPs/byte, achieved FLOP/s).
+    ``roofs``: name -> (peak FLOP/s, bandwidth in bytes/s); each draws min(peak, bandwidth · x).
+    """
+    import numpy as np
+
+    intensities = [x for x, _ in points.values()]
+    criticals = [peak / bandwidth for peak, bandwidth in roofs.values()]
+    x = np.logspace(np.log10(min(intensities + criticals) / 4), np.log10(max(intensities + criticals) * 4), 200)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, (peak, bandwidth) in roofs.items():
+        ax.plot(x, np.minimum(peak, bandwidth * x), linestyle="--", label=f"{name} roof")
+    for name, (intensity, achieved) in points.items():
+        ax.scatter([intensity], [achieved], zorder=3)
+        ax.annotate(name, (intensity, achieved), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    ax.set(xscale="log", yscale="log", title=title,
+           xlabel="arithmetic intensity (FLOPs per byte moved)", ylabel="achieved FLOP/s")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return ax

@@ -100,3 +100,22 @@ def test_chapter_02_largest_batch_really_is_the_largest():
     fits = measure.training_step_peak(config, batch, 128, torch.float32, "adamw", fake=True).peak
     too_big = measure.training_step_peak(config, batch + 1, 128, torch.float32, "adamw", fake=True).peak
     assert fits <= budget < too_big
+
+
+def test_chapter_03_against_published_figures():
+    value = {item_id: item.value for item_id, item in key("03_throughput").items()}
+    assert value["03-matmul-flops"] == 2 * 2048 * 4096 * 11008
+    assert value["03-linear-train-flops"] == 3 * value["03-matmul-flops"]
+    # formulas.md / How to Scale Your Model: H100 SXM bf16 dense 989e12 / 3.35e12 ≈ 295 FLOPs/byte.
+    assert value["03-critical-intensity"] == pytest.approx(295, rel=0.01)
+    # [B, D] x [D, F] in bf16 has intensity ≈ B when B ≪ D, F: B = 32 -> just under 32.
+    assert 31 < value["03-intensity-b32"] < 32
+    assert value["03-bound-b32"] == "memory"
+    # Llama 2 paper (Touvron et al. 2023, Table 2): Llama-2-7B took 184,320 A100-80GB GPU-hours.
+    # 6ND = 8.09e22 FLOPs at 312 TFLOP/s dense bf16 implies an MFU of about 0.39: plausible.
+    assert value["03-train-flops-7b"] == pytest.approx(8.088e22)
+    implied_mfu = value["03-train-flops-7b"] / (184_320 * 3600 * 312e12)
+    assert 0.3 < implied_mfu < 0.5
+    assert value["03-mfu"] == pytest.approx(0.4087, rel=1e-3)
+    assert value["03-run-days"] == pytest.approx(2.31, rel=1e-2)
+    assert value["03-add-ms"] == pytest.approx(6e9 / 3.35e12 * 1e3)
