@@ -198,7 +198,7 @@ def allocator_bytes(nbytes: int) -> int:
 
 def predict_training_memory(config, batch_size: int, seq_len: int,
                             dtype: torch.dtype | str = torch.float32, optimizer: str = "adamw",
-                            checkpointing: bool = False) -> dict:
+                            checkpointing: bool | int = False, accumulating: bool = False) -> dict:
     """Bytes of one steady-state training step (the second: Adam's state exists) of
     ``gpulab.models.GPT(config)``, term by term. Chapter 02, "Where the peak sits".
 
@@ -217,11 +217,14 @@ def predict_training_memory(config, batch_size: int, seq_len: int,
     Saved by forward (``activations``), with ln = 2·b·s·p (one LayerNorm's mean and 1/std):
       per block  A = ``activation_bytes_per_layer(s, b, h, a, p, dropout=False)`` + 2·ln
                  = 16S + Z + 2·ln (Korthikanti et al. 2022, §4: their sbh(34 + 5as/h) without
-                 dropout, for any p). With checkpointing a block keeps only its input:
-                 A_kept = S (their "full" recomputation); otherwise A_kept = A.
+                 dropout, for any p).
       head       ln_f input S + lm_head input S + the log-softmax N (the largest single tensor
                  when V ≫ h) + ln + the positions s·8
-      activations = L·A_kept + head
+      activations = L·A + head without checkpointing. With ``checkpointing=k`` (True is k = 1;
+                 chapter 05) the blocks form n_seg = ⌈L/k⌉ segments of k (the top one shorter
+                 when k does not divide L) and forward keeps only each segment's input:
+                 activations = n_seg·S + head (k = 1: Korthikanti's "full" recomputation, 2sbh
+                 per layer in 16 bits).
     Gradients: P·p once backward is over; per block G = (12h² + 13h)·p, head G_head = (Vh + 2h)·p.
 
     Where the peak sits: backward walks down the blocks; autograd frees a node's saved tensors
@@ -231,21 +234,46 @@ def predict_training_memory(config, batch_size: int, seq_len: int,
       loss        base + activations + 2N     log-softmax's and the logits' gradients, with the
                                               log-softmax output still saved
       head        base + activations + Vh·p + S   the head's weight and input gradients
-      block i     base + i·A_kept + saved + G_head + (L−1−i)·G + grads + temporaries, at four
-                  moments inside the block's backward (i = 0 is the bottom block):
+      block i     base + below(i) + saved + G_head + (L−1−i)·G + grads + temporaries, at four
+                  moments inside the block's backward (i = 0 is the bottom block), where below(i)
+                  is what the blocks under block i still hold:
+                    no checkpointing   below(i) = i·A
+                    segments of k      below(i) = j·S + r·A,  j = i // k, r = i mod k
+                  With checkpointing, a segment's backward starts by recomputing its forward
+                  (``torch.utils.checkpoint``), so all its blocks' activations exist at once and
+                  go block by block as backward walks down: block i sees the inputs of the j
+                  segments below its own (j·S) and the r blocks under it in its segment, whole
+                  (r·A). k = 1 gives i·S; k = L gives i·A, the same as no checkpointing (one
+                  segment recomputes, then holds, everything), so k = L only removes the
+                  loss and head peaks.
         moment               saved         grads (this block)  temporaries
         MLP down-projection  A             4h²·p               5S: residual + 4h-wide input grad
         MLP up-projection    A − 8S        (8h² + h)·p         6S: + GELU's input grad
         attention core       A − 12S − ln  (9h² + 8h)·p        2S + 2Z: probabilities' and
                                                                  scores' grads
         QKV projection       2S + ln       (12h² + 8h)·p       5S: q, k, v grads (3S)
-                  Each is linear in i, so only the top (i = L−1) or the bottom (i = 0) block
-                  can hold the largest: the top when a block's saved activations outweigh its
-                  gradients, the bottom otherwise (usually so with checkpointing, which
-                  recomputes A just before each block's backward).
+                  Each is linear in i (in j and in r with segments), so only the top
+                  (i = L−1) or the bottom (i = 0) block can hold the largest without
+                  segments: the top when a block's saved activations outweigh its gradients,
+                  the bottom otherwise (usually so with k = 1, which recomputes A just before
+                  each block's backward). With segments of k > 1 the largest sits at a corner:
+                  the bottom or top block of the bottom segment, of the top full segment, or
+                  of a shorter top segment; ``phases`` names them "block i".
+                  Sizing by hand: the top block's down-projection holds about
+                  (n_seg − 1)·S + k·A ≈ (L/k)·S + k·A, smallest at k = √(L·S/A)
+                  (``sqrt_segment_size`` for Chen et al.'s √L rule, which assumes A ≈ S).
       end         base + P·p + S              all gradients, the embeddings' input gradient
       step        base + P·p (+ P·p for AdamW foreach: its temporary ``exp_avg_sq_sqrt``,
                   torch/optim/adam.py ``_multi_tensor_adam``; fused updates in place)
+
+    ``accumulating=True``: the step is one of gradient accumulation (chapter 05), with
+    ``batch_size`` the micro-batch. The first micro-batch peaks as above (less the optimizer
+    step, which comes once at the end); every later one runs forward and backward with all P·p
+    gradients already alive, and each weight gradient it makes is a temporary (the largest of a
+    block is 4h²·p, c_fc's or c_proj's; 3h²·p for c_attn) that autograd adds into ``.grad`` in
+    place. Its phases ("..., later micro-batch") are the ones above with "gradients so far"
+    replaced by P·p + that temporary: base + P·p + activations + 2N at the loss, and so on. So
+    accumulation over m micro-batches costs about the step of batch b/m plus P·p, not 1/m of it.
 
     Not counted: the CUDA allocator's 512-byte rounding (PyTorch docs, "CUDA semantics") and
     Adam's step counters (one scalar per parameter tensor): under 1% with n_embd >= 128, a few
@@ -272,8 +300,9 @@ def predict_training_memory(config, batch_size: int, seq_len: int,
 
     ln = 2 * b * s * p                                      # one LayerNorm's mean and 1/std
     A = activation_bytes_per_layer(s, b, h, a, p, dropout=False) + 2 * ln
-    A_kept = activation_bytes_per_layer(s, b, h, a, p, "full") if checkpointing else A
-    activations = L * A_kept + 2 * S + N + ln + s * 8
+    k = segment_size(checkpointing, L)                      # None: no checkpointing
+    kept = activation_bytes_per_layer(s, b, h, a, p, "full")  # one segment input, S
+    activations = (L * A if k is None else -(-L // k) * kept) + 2 * S + N + ln + s * 8
     G, G_head = (12 * h * h + 13 * h) * p, (V * h + 2 * h) * p
 
     block_moments = {  # name: (still saved in the block, its gradients so far, temporaries)
@@ -284,14 +313,40 @@ def predict_training_memory(config, batch_size: int, seq_len: int,
     }
     phases = {"loss": base + activations + 2 * N,
               "head": base + activations + V * h * p + S}
+    def below(i: int) -> int:                               # what the blocks under i hold
+        return i * A if k is None else (i // k) * kept + (i % k) * A
+
     for name, (saved, block_grads, temporaries) in block_moments.items():
-        for where, i in (("top", L - 1), ("bottom", 0)):
-            phases[f"{name}, {where} block"] = (base + i * A_kept + saved + G_head
-                                                + (L - 1 - i) * G + block_grads + temporaries)
+        for where, i in _candidate_blocks(L, k):
+            phases[f"{name}, {where}"] = (base + below(i) + saved + G_head
+                                          + (L - 1 - i) * G + block_grads + temporaries)
+    if accumulating:   # a later micro-batch: every gradient alive, each new one added in place
+        fresh = {"MLP down-projection": 4 * h * h * p, "MLP up-projection": 4 * h * h * p,
+                 "attention core": 0, "QKV projection": 3 * h * h * p}
+        phases["loss, later micro-batch"] = phases["loss"] + grads
+        phases["head, later micro-batch"] = phases["head"] + grads
+        for name, (saved, _, temporaries) in block_moments.items():
+            for where, i in _candidate_blocks(L, k):
+                phases[f"{name}, {where}, later micro-batch"] = (
+                    base + grads + below(i) + saved + fresh[name] + temporaries)
     phases["end of backward"] = base + grads + S
     phases["optimizer step"] = base + grads + (P * p if optimizer == "adamw" else 0)
     return {"params": params, "grads": grads, "optimizer": state, "activations": activations,
             "buffers": buffers, "inputs": inputs, "peak": max(phases.values()), "phases": phases}
+
+
+def _candidate_blocks(L: int, k: int | None) -> list[tuple[str, int]]:
+    """(name, index) of the blocks where a backward moment can peak (see
+    ``predict_training_memory``): the top and bottom block and, with segments of k > 1, the
+    bottom segment's top, the top full segment's bottom and top, a shorter top segment's
+    bottom. Blocks are numbered from 0 at the bottom."""
+    middle = set()
+    if k is not None and k > 1:
+        full = L // k                                       # segments of exactly k blocks
+        middle = {k - 1, (full - 1) * k, full * k - 1} | ({full * k} if L % k else set())
+    middle -= {0, L - 1}
+    return ([("top block", L - 1)] + [(f"block {i}", i) for i in sorted(middle, reverse=True)]
+            + [("bottom block", 0)])
 
 
 # ------------------------------------------------------------------------------------------
@@ -453,3 +508,145 @@ def training_days(n_params: float, n_tokens: float, n_gpus: int,
         raise ValueError(f"mfu must be a fraction of the peak (0 < mfu <= 1), got {mfu!r}")
     return training_flops(n_params, n_tokens) / (n_gpus * peak_flops_per_second * mfu) \
         / SECONDS_PER_DAY
+
+
+# ------------------------------------------------------------------------------------------
+# Trading compute for memory (chapter 05): activation checkpointing, gradient accumulation.
+
+
+def segment_size(checkpointing: bool | int, n_layer: int) -> int | None:
+    """Blocks per checkpoint segment for ``GPT(config, checkpointing=...)``: None for False (no
+    checkpointing), 1 for True (every block), k for an int 1 <= k <= n_layer.
+
+    ValueError for anything else (0, a negative number, k > n_layer, a float, a string), so a
+    sweep that runs past the model's depth fails loudly instead of silently repeating k = L.
+    Chapter 05, "Checkpointing granularity".
+    """
+    check_positive_integers(n_layer=n_layer)
+    if checkpointing is False:
+        return None
+    if checkpointing is True:
+        return 1
+    if not isinstance(checkpointing, int) or not 1 <= checkpointing <= n_layer:
+        raise ValueError(f"checkpointing must be False, True or a segment size k with "
+                         f"1 <= k <= n_layer = {n_layer}; got {checkpointing!r}")
+    return checkpointing
+
+
+def sqrt_segment_size(n_layer: int) -> int:
+    """Chen et al.'s segment size: √L blocks per segment, rounded (at least 1).
+
+    Chen, Xu, Zhang, Guestrin 2016, "Training Deep Nets with Sublinear Memory Cost", §4.1:
+    cut a chain of L layers into segments of k, keep only the segments' inputs (L/k of them) and
+    recompute one segment at a time during backward (k layers' activations alive): memory
+    ~ L/k + k, smallest at k = √L, so O(√L) memory for one extra forward. That count gives a
+    kept input and a layer's activations the same size. In a transformer block the activations
+    A are 16-34 times the input S (``activation_bytes_per_layer``), and (L/k)·S + k·A is
+    smallest at k = √(L·S/A), which is 1 unless L is in the dozens: compare
+    ``best_segment_size``, which asks ``predict_training_memory``. Chapter 05.
+
+    >>> [sqrt_segment_size(L) for L in (1, 4, 12, 32, 96)]
+    [1, 2, 3, 6, 10]
+    """
+    check_positive_integers(n_layer=n_layer)
+    return max(1, round(math.sqrt(n_layer)))
+
+
+def best_segment_size(config, batch_size: int, seq_len: int,
+                      dtype: torch.dtype | str = torch.float32, optimizer: str = "adamw") -> int:
+    """The segment size k in 1..n_layer with the lowest ``predict_training_memory`` peak
+    (ties go to the smaller k). Chapter 05, "Checkpointing granularity"."""
+    peaks = {k: predict_training_memory(config, batch_size, seq_len, dtype, optimizer, k)["peak"]
+             for k in range(1, config.n_layer + 1)}
+    return min(peaks, key=lambda k: (peaks[k], k))
+
+
+def training_flops_with_checkpointing(n_params_blocks: float, n_params_other: float,
+                                      n_tokens: float) -> float:
+    """Training FLOPs when every block is checkpointed: (8·N_blocks + 6·N_other)·D.
+
+    Without checkpointing a step costs 6 FLOPs per parameter per token (``training_flops``).
+    Full recomputation runs the checkpointed blocks' forward a second time during backward,
+    2·N_blocks more per token; the head (final LayerNorm, lm_head) is not checkpointed and runs
+    once. ``n_params_blocks``: parameters inside the checkpointed blocks; ``n_params_other``:
+    the other parameters that do matmuls (leave out embedding tables: a lookup does no
+    arithmetic). Attention's parameter-free matmuls are left out (``training_flops`` counts
+    them). The segment size does not change the count: each block is recomputed once whatever
+    k is (PyTorch's early stop skips the last op of each segment, a little less). These are
+    "hardware FLOPs"; MFU counts only the 6N model FLOPs. Sources: Chen et al. 2016, §4 (one
+    extra forward); Korthikanti et al. 2022, §6 (model vs hardware FLOPs); formulas.md,
+    "Compute". Chapter 05, "What recomputation costs".
+
+    >>> training_flops_with_checkpointing(1e9, 0.0, 1.0) / training_flops(1e9, 1.0)
+    1.3333333333333333
+    """
+    _positive(n_params_blocks=n_params_blocks, n_tokens=n_tokens)
+    if n_params_other < 0:
+        raise ValueError(f"n_params_other must be >= 0, got {n_params_other!r}")
+    return (8 * n_params_blocks + 6 * n_params_other) * n_tokens
+
+
+def global_batch(micro_batch: int, accumulation_steps: int, dp_ranks: int = 1) -> int:
+    """Samples per optimizer step: micro_batch · accumulation_steps · dp_ranks.
+
+    Each of ``dp_ranks`` data-parallel ranks runs ``accumulation_steps`` forward/backward passes
+    of ``micro_batch`` samples before the one optimizer step (Ultra-Scale Playbook, "Data
+    parallelism": gbs = mbs · grad_acc · dp). Chapter 05, "Gradient accumulation".
+
+    >>> global_batch(4, 8, dp_ranks=2)
+    64
+    """
+    check_positive_integers(micro_batch=micro_batch, accumulation_steps=accumulation_steps,
+                            dp_ranks=dp_ranks)
+    return micro_batch * accumulation_steps * dp_ranks
+
+
+def accumulation_steps(global_batch: int, micro_batch: int, dp_ranks: int = 1) -> int:
+    """Micro-batches each rank accumulates: global_batch / (micro_batch · dp_ranks).
+
+    ValueError when that is not a whole number: the global batch is a hyperparameter to keep,
+    so change the micro-batch or the number of ranks rather than round. Chapter 05,
+    "Gradient accumulation".
+
+    >>> accumulation_steps(512, 8, dp_ranks=4)
+    16
+    """
+    check_positive_integers(global_batch=global_batch, micro_batch=micro_batch,
+                            dp_ranks=dp_ranks)
+    per_step = micro_batch * dp_ranks
+    if global_batch % per_step:
+        raise ValueError(f"global_batch={global_batch} is not divisible by micro_batch x "
+                         f"dp_ranks = {micro_batch} x {dp_ranks} = {per_step} (it would take "
+                         f"{global_batch / per_step:g} accumulation steps); choose a micro-batch "
+                         f"and a number of ranks whose product divides {global_batch}")
+    return global_batch // per_step
+
+
+def largest_micro_batch(budget_bytes: float, config, seq_len: int,
+                        dtype: torch.dtype | str = torch.float32, optimizer: str = "adamw",
+                        checkpointing: bool | int = False, accumulating: bool = False) -> int:
+    """The largest micro-batch whose predicted peak (``predict_training_memory``) fits in
+    ``budget_bytes``; 0 if even a batch of 1 does not (the model state alone may not fit).
+    ``accumulating=True`` sizes it for gradient accumulation, where later micro-batches run
+    with every gradient alive (smaller than a plain step's largest batch by about P·p worth).
+
+    Every term of the prediction grows with the batch, so doubling, then halving the gap, finds
+    it in a few dozen predictions. The prediction is within about 2% of a measurement: leave
+    that much headroom (and the CUDA context, which PyTorch does not count) when ``budget_bytes``
+    is a GPU's whole memory. Chapter 05, "How big a micro-batch fits?".
+    """
+    _positive(budget_bytes=budget_bytes)
+
+    def fits(b: int) -> bool:
+        return predict_training_memory(config, b, seq_len, dtype, optimizer, checkpointing,
+                                       accumulating)["peak"] <= budget_bytes
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2                                        # fits(low), and find a high that not
+    while fits(high):
+        low, high = high, 2 * high
+    while high - low > 1:                                   # fits(low) and not fits(high)
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low

@@ -446,3 +446,50 @@ def attention_naive_vs_fused(batch: int = 2, heads: int = 4, seq_len: int = 256,
             "scores_bytes": batch * heads * seq_len**2 * p,
             "naive_timing": naive, "fused_timing": fused, "device": str(device),
             "dtype": _label(dtype), "backward": backward}
+
+
+# ------------------------------------------------------------------------------------------
+# What recomputation costs (chapter 05): the time of a training step with and without
+# activation checkpointing, measured like training_step_throughput.
+
+
+def training_step_timing(config: GPTConfig | None = None, batch_size: int = 8,
+                         seq_len: int = 128, dtype=torch.float32, optimizer: str = "adamw",
+                         checkpointing: bool | int = False, device=None, steps: int = 3,
+                         micro_batches: int = 1) -> Timing:
+    """Time full training steps of ``GPT(config, checkpointing=...)``: one warm-up step (it
+    creates the optimizer's state), then ``steps`` timed ones (``gpulab.memory.train_step``,
+    with ``micro_batches`` > 1 for gradient accumulation). Returns the ``Timing``; look at its
+    spread before trusting the median on a busy CPU. Chapter 05, "What recomputation costs".
+    """
+    config = config if config is not None else GPTConfig()
+    arith.check_positive_integers(batch_size=batch_size, seq_len=seq_len, steps=steps,
+                                  micro_batches=micro_batches)
+    if seq_len > config.block_size:
+        raise ValueError(f"seq_len={seq_len} is longer than config.block_size="
+                         f"{config.block_size}")
+    dtype = _float_dtype(dtype)
+    device = torch.device(device) if device is not None else best_device()
+    torch.manual_seed(0)
+    model = GPT(config, dtype=dtype, device=device, checkpointing=checkpointing)
+    opt = make_optimizer(model, optimizer)
+    idx = torch.randint(config.vocab_size, (batch_size, seq_len), device=device)
+    targets = torch.randint(config.vocab_size, (batch_size, seq_len), device=device)
+    return time_fn(lambda: train_step(model, opt, idx, targets, micro_batches), device,
+                   warmup=1, repeats=steps)
+
+
+def step_seconds(config: GPTConfig | None = None, batch_size: int = 8, seq_len: int = 128,
+                 dtype=torch.float32, optimizer: str = "adamw", checkpointing: bool | int = False,
+                 device=None, steps: int = 3, micro_batches: int = 1) -> float:
+    """Median seconds of a training step: ``training_step_timing(...).median``.
+
+    Checkpointing every block runs the blocks' forward twice: expect about
+    ``arith.training_flops_with_checkpointing`` / ``arith.training_flops``, a third more for a
+    model that is mostly blocks, and the same for any segment size. The course GPT (batch 8,
+    seq 128, float32, AdamW) on a shared 2-core CPU: 0.18-0.20 s a step without checkpointing,
+    0.23-0.27 s with it, every block, every 2 or one segment alike (1.25-1.4x, noisy; the FLOP
+    ratio is 1.31). Chapter 05, "What recomputation costs".
+    """
+    return training_step_timing(config, batch_size, seq_len, dtype, optimizer, checkpointing,
+                                device, steps, micro_batches).median

@@ -235,23 +235,40 @@ def make_optimizer(model: torch.nn.Module, name: str, lr: float = 1e-3):
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {name!r}")
 
 
-def train_step(model: GPT, optimizer, idx: torch.Tensor, targets: torch.Tensor) -> None:
+def train_step(model: GPT, optimizer, idx: torch.Tensor, targets: torch.Tensor,
+               micro_batches: int = 1) -> None:
     """Forward, backward, update, clear the gradients. The logits are dropped at once: holding
-    them (``logits, loss = model(...)``) would keep b·s·V more values alive through backward."""
-    loss = model(idx, targets)[1]
-    loss.backward()
+    them (``logits, loss = model(...)``) would keep b·s·V more values alive through backward.
+
+    ``micro_batches`` = k > 1: gradient accumulation (chapter 05). The batch is split into k
+    equal parts, each forward + backward with its loss scaled by 1/k, gradients summing in
+    ``.grad``; one optimizer step at the end. Activations shrink with the micro-batch, but the
+    gradients, created by the first backward, stay alive through all the later ones.
+    """
+    if micro_batches == 1:
+        model(idx, targets)[1].backward()
+    else:
+        if len(idx) % micro_batches:
+            raise ValueError(f"a batch of {len(idx)} does not split into {micro_batches} "
+                             f"equal micro-batches")
+        size = len(idx) // micro_batches
+        for x, y in zip(idx.split(size), targets.split(size)):
+            (model(x, y)[1] / micro_batches).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
 def training_step_peak(config: GPTConfig, batch_size: int, seq_len: int,
                        dtype: torch.dtype = torch.float32, optimizer: str = "adamw",
-                       checkpointing: bool = False, device=None, fake: bool = False,
-                       record: bool = False) -> MemoryPeak:
+                       checkpointing: bool | int = False, device=None, fake: bool = False,
+                       record: bool = False, micro_batches: int = 1) -> MemoryPeak:
     """Measured peak of a steady-state training step of ``GPT(config)``: a first step creates the
     optimizer's state, the second is measured. Everything alive at the peak counts: parameters,
     buffers, optimizer state, the batch (``idx`` and ``targets``, int64), activations, gradients,
-    temporaries. Returns a ``MemoryPeak``; ``.peak`` is the number in bytes.
+    temporaries. Returns a ``MemoryPeak``; ``.peak`` is the number in bytes. ``checkpointing``:
+    False, True (every block) or k, segments of k blocks (``GPT``; chapter 05).
+    ``micro_batches``: split the batch into that many micro-batches and accumulate their
+    gradients (``train_step``; chapter 05); ``batch_size`` stays the whole batch.
 
     ``device``: where to run; by default ``gpulab.device.best_device()`` (the GPU path follows
     the project's notes on measuring memory but has not yet been run on a GPU). ``fake=True``
@@ -269,6 +286,9 @@ def training_step_peak(config: GPTConfig, batch_size: int, seq_len: int,
         opt = make_optimizer(model, optimizer)
         idx = torch.randint(config.vocab_size, (batch_size, seq_len), device=device)
         targets = torch.randint(config.vocab_size, (batch_size, seq_len), device=device)
-        train_step(model, opt, idx, targets)          # warm-up: creates optimizer state
-        return peak_memory(lambda: train_step(model, opt, idx, targets), device, model=model,
-                           optimizer=opt, inputs=(idx, targets), record=record)
+        def step():
+            train_step(model, opt, idx, targets, micro_batches)
+
+        step()                                        # warm-up: creates optimizer state
+        return peak_memory(step, device, model=model, optimizer=opt, inputs=(idx, targets),
+                           record=record)

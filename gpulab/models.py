@@ -35,6 +35,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from gpulab.arith import segment_size
+
 
 @dataclass
 class GPTConfig:
@@ -112,17 +114,30 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def run_blocks(x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
+    """Run ``blocks`` one after the other: one checkpoint segment (or the whole stack)."""
+    for block in blocks:
+        x = block(x)
+    return x
+
+
 class GPT(nn.Module):
     """``GPT(config, dtype=torch.bfloat16, device="meta")`` builds it in place; ``model(idx)``
     with idx (B, T) int64 returns (logits (B, T, V), None), ``model(idx, targets)`` returns
-    (logits, mean cross-entropy loss). In training, drop the logits before ``backward()``."""
+    (logits, mean cross-entropy loss over the targets that are not -100, F.cross_entropy's
+    ``ignore_index``). In training, drop the logits before ``backward()``. ``checkpointing``:
+    False, True (every block) or k, segments of k blocks (chapter 05)."""
 
     def __init__(self, config: GPTConfig, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None, checkpointing: bool = False):
+                 device: torch.device | str | None = None, checkpointing: bool | int = False):
         super().__init__()
         self.config = config
-        # Activation checkpointing: keep only each block's input in forward, recompute the
-        # block's activations during backward (Chen et al. 2016; chapter 05).
+        # Activation checkpointing (Chen et al. 2016; chapter 05): False keeps every activation;
+        # an int k cuts the blocks into segments of k (the top one shorter if k does not divide
+        # n_layer); forward keeps only each segment's input and backward recomputes the
+        # segment's k blocks, whose activations are then alive together. True is k = 1 (every
+        # block); k = n_layer is one segment. Checked here, read again on every forward.
+        segment_size(checkpointing, config.n_layer)
         self.checkpointing = checkpointing
         factory = {"dtype": dtype, "device": device}
         self.wte = nn.Embedding(config.vocab_size, config.n_embd, **factory)
@@ -168,11 +183,13 @@ class GPT(nn.Module):
         pos = torch.arange(T, dtype=torch.long, device=idx.device)         # (T,)
         x = self.wte(idx) + self.wpe(pos)                                   # (B, T, C)
         x = dropout(x, self.config.dropout, self.training)
-        for block in self.blocks:
-            if self.checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)  # saves only x; recomputes the rest
-            else:
-                x = block(x)
+        k = segment_size(self.checkpointing, self.config.n_layer)
+        if k is None or not torch.is_grad_enabled():
+            x = run_blocks(x, self.blocks)
+        else:
+            for start in range(0, self.config.n_layer, k):
+                # saves only x, the segment's input; backward recomputes its blocks
+                x = checkpoint(run_blocks, x, self.blocks[start:start + k], use_reentrant=False)
         logits = self.lm_head(self.ln_f(x))                                 # (B, T, V)
         loss = None
         if targets is not None:

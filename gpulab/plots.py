@@ -18,6 +18,8 @@ def bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title: 
         positions = [x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))]
         ax.bar(positions, values, width, label=name)
     ax.set_xticks(range(len(labels)), labels)
+    if max(len(label) for label in labels) > 14:  # long labels: slant them so they do not collide
+        plt.setp(ax.get_xticklabels(), rotation=25, ha="right")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if log:

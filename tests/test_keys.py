@@ -119,3 +119,29 @@ def test_chapter_03_against_published_figures():
     assert value["03-mfu"] == pytest.approx(0.4087, rel=1e-3)
     assert value["03-run-days"] == pytest.approx(2.31, rel=1e-2)
     assert value["03-add-ms"] == pytest.approx(6e9 / 3.35e12 * 1e3)
+
+
+def test_chapter_05_against_published_figures():
+    value = {item_id: item.value for item_id, item in key("05_checkpointing_accumulation").items()}
+    # Korthikanti et al.: full recomputation keeps 2·s·b·h bytes per layer -> 32 x 16 MiB.
+    assert value["05-full-recompute-mib"] == 512
+    # Chen et al. 2016 / Korthikanti et al.: one extra forward, 6ND -> 8ND, a third more compute.
+    assert value["05-recompute-flops"] == pytest.approx(8 * 7e9 * 1e9)
+    assert value["05-recompute-overhead"] == pytest.approx(1 / 3)
+    assert value["05-sqrt-segment"] == 6                          # √36 (Chen et al.'s √L rule)
+    assert (value["05-global-batch"], value["05-accum-steps"], value["05-loss-factor"]) == (512, 16, 0.25)
+
+
+def test_chapter_05_accumulation_answer_fits_when_measured():
+    """Quiz 8's micro-batch, measured with accumulation and checkpointing, fits the budget."""
+    import torch
+
+    from gpulab import measure
+    from gpulab.models import GPTConfig
+
+    steps = key("05_checkpointing_accumulation")["05-accum-for-64"].value
+    micro = 64 // steps
+    config = GPTConfig(vocab_size=1000, block_size=128, n_layer=4, n_head=4, n_embd=256)
+    peak = measure.training_step_peak(config, 2 * micro, 128, torch.float32, "adamw",
+                                      checkpointing=True, fake=True, micro_batches=2).peak
+    assert peak <= 140 * 2**20

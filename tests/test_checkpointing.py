@@ -1,0 +1,232 @@
+"""Chapter 05, checked: checkpointing in segments of k blocks and gradient accumulation trade
+compute for memory as ``gpulab.arith`` predicts, and accumulation gives the full batch's
+gradient exactly when (and only when) every micro-batch's loss averages over as many items.
+
+What is monotone and what is not. Without checkpointing the peak sits at the start of backward
+(every activation saved). With segments of k blocks, forward keeps ⌈L/k⌉ segment inputs and
+backward holds one segment's k blocks, recomputed: about (L/k)·S + k·A, with S a block's input
+and A its activations (16-34 times S). So the peak is NOT monotone in k: k = L recomputes
+everything and then holds it all (only the loss and head peaks go), and the best k is
+√(L·S/A), which is 1 for the course GPT (the peak rises k = 1 < 2 < ... < L < none) and 2 only
+for a deep, narrow model (64 blocks of width 32 below). Chen et al.'s √L assumes A ≈ S.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from gpulab import accumulation as acc
+from gpulab.arith import (MiB, accumulation_steps, best_segment_size, global_batch,
+                          largest_micro_batch, predict_training_memory, segment_size,
+                          sqrt_segment_size, training_flops, training_flops_with_checkpointing)
+from gpulab.measure import step_seconds, training_step_peak
+from gpulab.models import GPT, GPTConfig
+
+TOLERANCE = 0.02
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured
+
+
+def config(**changes) -> GPTConfig:
+    base = dict(vocab_size=512, block_size=128, n_layer=2, n_head=4, n_embd=128)
+    return GPTConfig(**{**base, **changes})
+
+
+_measured = {}
+
+
+def measured(cfg, batch, seq_len, dtype, opt, ckpt, micro_batches=1, fake=False):
+    """training_step_peak, each configuration measured once per test session."""
+    key = (dataclasses.astuple(cfg), batch, seq_len, dtype, opt, ckpt, micro_batches, fake)
+    if key not in _measured:
+        _measured[key] = training_step_peak(cfg, batch, seq_len, dtype, opt, ckpt, fake=fake,
+                                            micro_batches=micro_batches)
+    return _measured[key]
+
+
+# ------------------------------------------------------------------------------------------
+# Checkpointing in segments of k blocks: predicted vs measured
+
+COURSE = (GPTConfig(), 8, 128, torch.float32, "adamw")     # 4 layers, n_embd 256
+
+CASES = [  # (config, batch, seq_len, dtype, optimizer, checkpointing)
+    *[(*COURSE, k) for k in (False, 1, 2, 3, 4)],           # none, every block, √L, one segment
+    (config(n_layer=4), 4, 64, torch.bfloat16, "adamw", 2),
+    (config(n_layer=4), 4, 64, torch.bfloat16, "sgd", 4),
+    (config(n_layer=5), 2, 128, torch.float32, "adamw", 2),  # a top segment of 1 block
+    (config(n_layer=8, vocab_size=256), 4, 64, torch.float32, "adamw_fused", 3),  # 3, 3, 2
+    (config(n_layer=9, vocab_size=256, n_head=8), 2, 128, torch.float32, "sgd", 3),  # √9
+    (config(n_layer=16), 1, 128, torch.float32, "sgd", 4),   # √16
+    (config(n_layer=5, vocab_size=256, n_head=8), 2, 128, torch.float32, "sgd", 5),
+]
+
+
+def case_id(case) -> str:
+    cfg, b, s, dtype, opt, ckpt = case
+    return (f"L{cfg.n_layer}-h{cfg.n_embd}-b{b}-s{s}-{str(dtype).removeprefix('torch.')}-"
+            f"{opt}-k{ckpt}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_every_k_prediction_matches_measured_step_within_2_percent(case):
+    predicted = predict_training_memory(*case)
+    result = measured(*case)
+    where = max(predicted["phases"], key=predicted["phases"].get)
+    assert relative_error(predicted["peak"], result.peak) <= TOLERANCE, (
+        f"predicted {predicted['peak'] / MiB:.3f} MiB (at {where}), "
+        f"measured {result.peak / MiB:.3f} MiB: {result}")
+    # forward keeps ⌈L/k⌉ segment inputs (plus the head's activations)
+    assert relative_error(predicted["activations"], result.highest["activations"]) <= TOLERANCE
+
+
+def test_checkpointing_true_is_segments_of_one_block():
+    assert predict_training_memory(*COURSE, True) == predict_training_memory(*COURSE, 1)
+    every, one = measured(*COURSE, True), measured(*COURSE, 1)
+    assert every.peak == one.peak and every.breakdown == one.breakdown
+
+
+def test_sqrt_segment_size():
+    assert [sqrt_segment_size(L) for L in (1, 2, 4, 9, 12, 16, 32)] == [1, 1, 2, 3, 3, 4, 6]
+    with pytest.raises(ValueError):
+        sqrt_segment_size(0)
+
+
+def test_segment_size_is_checked():
+    assert segment_size(False, 4) is None and segment_size(True, 4) == 1
+    assert segment_size(3, 4) == 3
+    for bad in (0, -1, 5, 1.5, "every"):
+        with pytest.raises(ValueError, match="checkpointing"):
+            GPT(config(n_layer=4), device="meta", checkpointing=bad)
+
+
+def test_peak_falls_from_no_checkpointing_to_one_segment_to_every_block():
+    # The course GPT: every measured peak in order, as predicted; k = √L = 2 is not the best.
+    order = [False, 4, 3, 2, 1]
+    peaks = [measured(*COURSE, k).peak for k in order]
+    assert peaks == sorted(peaks, reverse=True), [f"{p / MiB:.2f}" for p in peaks]
+    predicted = [predict_training_memory(*COURSE, k)["peak"] for k in order]
+    assert predicted == sorted(predicted, reverse=True)
+    assert best_segment_size(*COURSE) == 1
+
+
+def test_a_deep_narrow_model_is_smallest_with_segments_of_two():
+    # 64 blocks of width 32: a kept input costs so little against a block's activations that
+    # keeping half as many pays for holding two blocks. (n_embd 32 is below the 2% regime:
+    # the 512-byte rounding of its many tiny tensors adds about 1%.)
+    deep = GPTConfig(vocab_size=32, block_size=64, n_layer=64, n_head=1, n_embd=32)
+    shape = (deep, 64, 16, torch.float32, "sgd")
+    assert best_segment_size(*shape) == 2
+    one, two = training_step_peak(*shape, 1).peak, training_step_peak(*shape, 2).peak
+    assert two < 0.9 * one
+
+
+def test_checkpointing_does_not_change_the_gradients():
+    torch.manual_seed(0)
+    idx, targets = torch.randint(256, (4, 32)), torch.randint(256, (4, 32))
+    grads = {}
+    for k in (False, 1, 2):
+        torch.manual_seed(0)
+        model = GPT(dataclasses.replace(acc.SMALL_GPT, n_layer=4), checkpointing=k)
+        grads[k] = acc.full_batch_gradients(model, idx, targets)
+    torch.testing.assert_close(grads[1], grads[False])
+    torch.testing.assert_close(grads[2], grads[False])
+
+
+def test_recomputation_flops():
+    assert training_flops_with_checkpointing(1e9, 0, 1e6) == 8e15
+    ratio = training_flops_with_checkpointing(3e9, 1e9, 1.0) / training_flops(4e9, 1.0)
+    assert ratio == pytest.approx((24 + 6) / 24)
+
+
+def test_step_seconds_runs():
+    tiny = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    assert 0 < step_seconds(tiny, 2, 16, checkpointing=1, steps=1, device="cpu") < 10
+
+
+# ------------------------------------------------------------------------------------------
+# Gradient accumulation
+
+def test_global_batch_and_accumulation_steps():
+    assert global_batch(4, 8) == 32 and global_batch(4, 8, dp_ranks=2) == 64
+    assert accumulation_steps(512, 8, dp_ranks=4) == 16 and accumulation_steps(32, 32) == 1
+    assert global_batch(8, accumulation_steps(96, 8, 3), 3) == 96
+    with pytest.raises(ValueError, match="not divisible"):
+        accumulation_steps(100, 8)
+    with pytest.raises(ValueError, match="not divisible"):
+        accumulation_steps(64, 8, dp_ranks=3)
+    with pytest.raises(ValueError, match="positive integer"):
+        global_batch(0, 4)
+
+
+@pytest.mark.parametrize("micro_batches", [2, 4, 8])
+def test_accumulated_gradients_equal_the_full_batch(micro_batches):
+    torch.manual_seed(0)
+    model = GPT(acc.SMALL_GPT)
+    idx, targets = torch.randint(256, (8, 32)), torch.randint(256, (8, 32))
+    full = acc.full_batch_gradients(model, idx, targets)
+    accumulated = acc.accumulated_gradients(model, idx, targets, micro_batches)
+    assert all(p.grad is None for p in model.parameters())
+    assert accumulated.keys() == dict(model.named_parameters()).keys()
+    torch.testing.assert_close(accumulated, full)            # float32 tolerances
+    with pytest.raises(ValueError, match="equal"):
+        acc.accumulated_gradients(model, idx, targets, 3)
+
+
+def test_uneven_token_counts_need_the_token_weighted_loss():
+    out = acc.uneven_token_counts_example()
+    assert out["valid tokens per micro-batch"] == [64, 8]
+    assert out["equal"] < 1e-6
+    assert out["uneven, mean of means"] > 0.1 * out["largest gradient"]
+    assert out["uneven, token-weighted"] < 1e-6
+    assert out["loss, mean of means"] != pytest.approx(out["loss, all tokens"], abs=1e-3)
+    # the fix, checked with float32 tolerances against the full batch
+    torch.manual_seed(0)
+    model = GPT(acc.SMALL_GPT)
+    idx, targets = acc.padded_batch(acc.SMALL_GPT, [32, 20, 7, 1], 32, seed=1)
+    torch.testing.assert_close(acc.token_weighted_gradients(model, idx, targets, 4),
+                               acc.full_batch_gradients(model, idx, targets))
+
+
+def test_batchnorm_breaks_accumulation_and_layernorm_does_not():
+    batch = acc.batchnorm_example(norm="batch")
+    layer = acc.batchnorm_example(norm="layer")
+    assert batch["max |difference|"] > 0.01 * batch["largest gradient"]
+    assert layer["max |difference|"] < 1e-5
+
+
+ACCUMULATION = [  # (config, micro-batch, seq_len, dtype, optimizer, checkpointing, micro_batches)
+    (GPTConfig(), 4, 128, torch.float32, "adamw", False, 2),
+    (config(n_layer=4), 2, 64, torch.float32, "sgd", 2, 4),
+    (config(vocab_size=256, n_head=8), 2, 128, torch.bfloat16, "adamw", True, 2),
+]
+
+
+@pytest.mark.parametrize("case", ACCUMULATION, ids=lambda c: f"L{c[0].n_layer}-m{c[-1]}-k{c[5]}")
+def test_accumulation_prediction_matches_measured_step(case):
+    cfg, micro, s, dtype, opt, ckpt, m = case
+    predicted = predict_training_memory(cfg, micro, s, dtype, opt, ckpt, accumulating=True)
+    result = measured(cfg, micro * m, s, dtype, opt, ckpt, micro_batches=m)
+    assert relative_error(predicted["peak"], result.peak) <= TOLERANCE, result
+    # the gradients stay alive between micro-batches: more than a plain step of the micro-batch
+    plain = predict_training_memory(cfg, micro, s, dtype, opt, ckpt)["peak"]
+    assert predicted["peak"] > plain
+
+
+@pytest.mark.parametrize("ckpt, accumulating", [(False, False), (2, False), (1, True)])
+def test_largest_micro_batch_fits_and_one_more_does_not(ckpt, accumulating):
+    cfg, s, dtype, opt = config(n_layer=4), 64, torch.float32, "adamw"
+
+    def peak(b):
+        return predict_training_memory(cfg, b, s, dtype, opt, ckpt, accumulating)["peak"]
+
+    budget = (peak(6) + peak(7)) / 2
+    assert largest_micro_batch(budget, cfg, s, dtype, opt, ckpt, accumulating) == 6
+    m = 2 if accumulating else 1                             # measure two micro-batches
+    fits = measured(cfg, 6 * m, s, dtype, opt, ckpt, micro_batches=m, fake=True)
+    too_big = measured(cfg, 7 * m, s, dtype, opt, ckpt, micro_batches=m, fake=True)
+    assert fits.peak <= budget < too_big.peak
+    assert largest_micro_batch(peak(1) - 1, cfg, s, dtype, opt, ckpt, accumulating) == 0
+    assert largest_micro_batch(peak(1), cfg, s, dtype, opt, ckpt, accumulating) == 1
