@@ -134,8 +134,9 @@ def allocated_bytes(make_tensor, device: torch.device | str) -> int:
 # Peak memory (chapter 02). The storage tracker, the CUDA allocator path and the GPT training
 # step live in gpulab.memory; these are the names the notebooks use:
 #   peak_memory(fn, device=None, *, model=None, optimizer=None, inputs=()) -> MemoryPeak
-#   training_step_peak(config, batch_size, seq_len, dtype, optimizer, checkpointing=False,
-#                      device=None, fake=False) -> MemoryPeak   (.peak in bytes)
+#   training_step_peak(config, batch_size, seq_len, dtype, optimizer,
+#                      checkpointing=False | True | k, device=None, fake=False,
+#                      micro_batches=1) -> MemoryPeak   (.peak in bytes)
 
 from gpulab.memory import MemoryPeak, peak_memory, training_step_peak  # noqa: E402, F401
 
@@ -351,19 +352,8 @@ def training_step_throughput(config: GPTConfig | None = None, batch_size: int = 
     Chapter 03, "MFU".
     """
     config = config if config is not None else GPTConfig()
-    arith.check_positive_integers(batch_size=batch_size, seq_len=seq_len, steps=steps)
-    if seq_len > config.block_size:
-        raise ValueError(f"seq_len={seq_len} is longer than config.block_size="
-                         f"{config.block_size}")
-    dtype = _float_dtype(dtype)
-    device = torch.device(device) if device is not None else best_device()
-    torch.manual_seed(0)
-    model = GPT(config, dtype=dtype, device=device)
-    opt = make_optimizer(model, optimizer)
-    idx = torch.randint(config.vocab_size, (batch_size, seq_len), device=device)
-    targets = torch.randint(config.vocab_size, (batch_size, seq_len), device=device)
-    timing = time_fn(lambda: train_step(model, opt, idx, targets), device, warmup=1,
-                     repeats=steps)
+    timing = training_step_timing(config, batch_size, seq_len, dtype, optimizer, device=device,
+                                  steps=steps)
     n_params = GPT.count_params(config) - (config.vocab_size + config.block_size) * config.n_embd
     flops_per_token = arith.training_flops(n_params, 1, n_layer=config.n_layer,
                                            hidden=config.n_embd, seq_len=seq_len)
@@ -373,7 +363,7 @@ def training_step_throughput(config: GPTConfig | None = None, batch_size: int = 
             "tokens_per_second": tokens_per_second, "n_params": n_params,
             "flops_per_token": flops_per_token,
             "achieved_flops_per_second": flops_per_token * tokens_per_second,
-            "timing": timing, "device": str(device), "dtype": _label(dtype)}
+            "timing": timing, "device": timing.device, "dtype": _label(_float_dtype(dtype))}
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
