@@ -29,8 +29,10 @@ lab: $(READY)
 	    $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 # Unit tests, the nbgrader round trip, and every solution notebook executed by nbval, on 2 workers.
+# One thread per PyTorch process: two workers each running kernels with a thread per core would
+# oversubscribe the cores, and OpenMP's waiting threads then slow every step several-fold.
 test: $(READY)
-	$(BIN)/python -m pytest -n 2 --dist loadscope -p nbval --nbval-lax tests solutions
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope -p nbval --nbval-lax tests solutions
 
 doctor: $(READY)
 	$(BIN)/python -m gpulab doctor
