@@ -55,9 +55,10 @@ def main() -> None:
     subprocess.run([sys.executable, "scripts/build_book.py"], cwd=ROOT, check=True, capture_output=True)
     print(f"\nbook build (make book, {state}): {time.perf_counter() - start:.1f} s")
     n = 2
+    chapters = len(list((ROOT / "solutions").glob("*/*.ipynb")))
     total = autograde_seconds(n)
-    print(f"\nautograde of {n} submissions per chapter (release + autograde + feedback + export): "
-          f"{total:.1f} s, {total / n:.1f} s per submission")
+    print(f"\nautograde of {n} students x {chapters} chapters (release + autograde + feedback + "
+          f"export): {total:.1f} s, {total / (n * chapters):.1f} s per chapter submission")
 
 
 if __name__ == "__main__":

@@ -66,11 +66,12 @@ echo "setup: installing the course and its tools"
 
 # nbgrader switches its extensions on when installed; say so explicitly at the venv's level so a
 # user-level config that turned them off does not silently win.
+quietly() { local out; out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }; }  # output only on failure
 for ext in formgrader assignment_list course_list validate_assignment; do
-    "$venv/bin/jupyter" server extension enable --sys-prefix "nbgrader.server_extensions.$ext" >/dev/null
+    quietly "$venv/bin/jupyter" server extension enable --sys-prefix "nbgrader.server_extensions.$ext"
 done
 for ext in formgrader assignment-list course-list create-assignment validate-assignment; do
-    "$venv/bin/jupyter" labextension enable --level=sys_prefix "@jupyter/nbgrader:$ext" >/dev/null
+    quietly "$venv/bin/jupyter" labextension enable --level=sys_prefix "@jupyter/nbgrader:$ext"
 done
 
 touch "$stamp"
