@@ -22,17 +22,7 @@ from gpulab.arith import (MiB, accumulation_steps, best_segment_size, global_bat
                           sqrt_segment_size, training_flops, training_flops_with_checkpointing)
 from gpulab.measure import step_seconds, training_step_peak
 from gpulab.models import GPT, GPTConfig
-
-TOLERANCE = 0.02
-
-
-def relative_error(predicted: float, measured: float) -> float:
-    return abs(predicted - measured) / measured
-
-
-def config(**changes) -> GPTConfig:
-    base = dict(vocab_size=512, block_size=128, n_layer=2, n_head=4, n_embd=128)
-    return GPTConfig(**{**base, **changes})
+from memory_cases import TOLERANCE, case_id, config, relative_error
 
 
 _measured = {}
@@ -62,12 +52,6 @@ CASES = [  # (config, batch, seq_len, dtype, optimizer, checkpointing)
     (config(n_layer=16), 1, 128, torch.float32, "sgd", 4),   # √16
     (config(n_layer=5, vocab_size=256, n_head=8), 2, 128, torch.float32, "sgd", 5),
 ]
-
-
-def case_id(case) -> str:
-    cfg, b, s, dtype, opt, ckpt = case
-    return (f"L{cfg.n_layer}-h{cfg.n_embd}-b{b}-s{s}-{str(dtype).removeprefix('torch.')}-"
-            f"{opt}-k{ckpt}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)

@@ -14,24 +14,15 @@ from gpulab.arith import MiB, activation_bytes_per_layer, predict_training_memor
 from gpulab.measure import peak_memory, training_step_peak
 from gpulab.memory import make_optimizer, train_step
 from gpulab.models import GPT, GPTConfig
+from memory_cases import TOLERANCE, case_id, config, relative_error
 
-TOLERANCE = 0.02
 ROUNDING_SLACK = 8 * 512  # a component may be off by a few 512-byte roundings of tiny tensors
-
-
-def relative_error(predicted: float, measured: float) -> float:
-    return abs(predicted - measured) / measured
 
 
 def close(predicted: float, measured: float) -> bool:
     """Within 2%, or (for components of a few KiB) within a few allocator roundings."""
     return (relative_error(predicted, measured) <= TOLERANCE
             or abs(predicted - measured) <= ROUNDING_SLACK)
-
-
-def config(**changes) -> GPTConfig:
-    base = dict(vocab_size=512, block_size=128, n_layer=2, n_head=4, n_embd=128)
-    return GPTConfig(**{**base, **changes})
 
 
 # ------------------------------------------------------------------------------------------
@@ -151,12 +142,6 @@ CASES = [  # (config, batch, seq_len, dtype, optimizer, checkpointing), by where
     (config(vocab_size=256, n_embd=256, n_layer=3), 4, 32, torch.float32, "sgd", True),
     (config(vocab_size=256, n_embd=256, n_head=2), 8, 32, torch.bfloat16, "adamw_fused", False),
 ]
-
-
-def case_id(case) -> str:
-    cfg, b, s, dtype, opt, ckpt = case
-    return (f"V{cfg.vocab_size}-L{cfg.n_layer}-h{cfg.n_embd}-a{cfg.n_head}-b{b}-s{s}-"
-            f"{str(dtype).removeprefix('torch.')}-{opt}{'-ckpt' if ckpt else ''}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
