@@ -121,6 +121,56 @@ def test_chapter_03_against_published_figures():
     assert value["03-add-ms"] == pytest.approx(6e9 / 3.35e12 * 1e3)
 
 
+def test_chapter_04_against_published_figures():
+    import torch
+
+    value = {item_id: item.value for item_id, item in key("04_mixed_precision").items()}
+    # torch.finfo, and IEEE 754 / the OCP FP8 specification as printed numbers.
+    assert value["04-bf16-eps"] == torch.finfo(torch.bfloat16).eps == 0.0078125
+    assert value["04-bf16-max"] == torch.finfo(torch.bfloat16).max == pytest.approx(3.3895e38, rel=1e-4)
+    assert value["04-fp16-subnormal"] == torch.finfo(torch.float16).smallest_normal * 2**-10
+    assert value["04-fp16-subnormal"] == pytest.approx(5.96e-8, rel=1e-3)
+    assert value["04-e4m3-max"] == 448
+    assert value["04-fp16-2049"] == torch.tensor(2049.0).half().item() == 2048
+    assert value["04-fp16-stall"] == 2.0
+    # GPT-2's vocabulary, 8 x 2048 tokens: about 1.2e-9, below fp16's smallest subnormal.
+    assert value["04-logit-grad"] == pytest.approx(1.2145e-9, rel=1e-3)
+    assert value["04-logit-grad"] < torch.finfo(torch.float16).smallest_normal * 2**-10
+    # GradScaler's default init_scale is the answer: 2^16 lifts 1.2e-9 to 7.9e-5 > 2^-14.
+    assert value["04-scale-to-normal"] == torch.amp.GradScaler("cpu").get_scale() == 65536
+    assert value["04-scale-after"] == 2**15
+    # formulas.md: 18 bytes per parameter (Megatron-LM) and 16 either way (ZeRO paper).
+    assert (value["04-state-gb"], value["04-saving-gb"]) == (126, 0)
+
+
+def test_chapter_04_scale_after_matches_a_real_grad_scaler():
+    """Quiz 9's answer, replayed on torch.amp.GradScaler itself: 3 overflows, 5000 clean steps."""
+    import torch
+
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=0.0)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(torch.ones(()))           # the scale tensor is created on first use
+    for step in range(5003):
+        param.grad = torch.full((1,), float("inf") if step < 3 else 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+    assert scaler.get_scale() == key("04_mixed_precision")["04-scale-after"].value
+
+
+def test_chapter_04_linear_answer_is_what_autograd_saves():
+    """Quiz 12's bytes, measured: the layer's saved tensors under bf16 autocast."""
+    import torch
+
+    from gpulab import precision
+
+    layer = torch.nn.Linear(256, 512)
+    x = torch.randn(8, 128, 256, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        saved = precision.saved_tensor_bytes(lambda: layer(x), exclude=layer.parameters())
+    assert saved == {"bfloat16": key("04_mixed_precision")["04-autocast-linear-bytes"].value}
+
+
 def test_chapter_05_against_published_figures():
     value = {item_id: item.value for item_id, item in key("05_checkpointing_accumulation").items()}
     # Korthikanti et al.: full recomputation keeps 2·s·b·h bytes per layer -> 32 x 16 MiB.

@@ -1,0 +1,121 @@
+"""Answer key for chapter 04, mixed precision. Instructor side: never released.
+
+Every expected value is computed by gpulab's tested functions (number formats from their bit
+counts, checked against torch.finfo; GradScaler's rule, checked against GradScaler itself) from
+the numbers the questions state; each mistake is the value a typical slip produces.
+"""
+import math
+
+from gpulab import arith, precision
+from gpulab.arith import GB
+from gpulab.checks import Item, Mistake
+
+fp32, fp16, bf16, e4m3 = (precision.FORMATS[n] for n in ("fp32", "fp16", "bf16", "fp8_e4m3"))
+
+# The numbers stated in the questions (solutions/04_mixed_precision, "Quiz" sections).
+VOCAB, BATCH, SEQ = 50257, 8, 2048          # quizzes 7-8: GPT-2's vocabulary
+N_PARAMS = 7e9                              # quizzes 10-11
+IN_SHAPE, OUT_FEATURES = (8, 128, 256), 512   # quiz 12: nn.Linear(256, 512), input requires grad, bf16 autocast
+
+logit_grad = 1 / (VOCAB * BATCH * SEQ)      # p_j / (b·s) with p_j ≈ 1/V at initialisation
+rounded_grad = 1.2e-9                       # quiz 8 states the gradient rounded
+
+
+def smallest_power_of_two_scale(value: float, target: float) -> float:
+    return 2.0 ** math.ceil(math.log2(target / value))
+
+
+def state_gb(recipe: str) -> float:
+    return arith.model_state_bytes(N_PARAMS, recipe)["total"] / GB
+
+
+inputs = math.prod(IN_SHAPE)
+weight = IN_SHAPE[-1] * OUT_FEATURES
+
+ITEMS = [
+    Item("04-bf16-eps", bf16.eps, "", rel_tol=1e-6, mistakes=(
+        Mistake(bf16.eps / 2, "that is half of epsilon (the unit roundoff, the largest relative "
+                              "rounding error); epsilon is the gap from 1 to the next number, 2^-7."),
+        Mistake(fp16.eps, "that is fp16's epsilon (10 mantissa bits); bf16 keeps 7."),
+        Mistake(fp32.eps, "that is fp32's epsilon (23 mantissa bits); bf16 keeps 7."),
+    )),
+    Item("04-bf16-max", bf16.max, "", rel_tol=1e-4, mistakes=(
+        Mistake(2.0 ** 128, "that is 2^128, about fp32's largest number; bf16's largest mantissa "
+                            "is 1.1111111 in binary, 2 − 2^-7, not 2: (2 − 2^-7)·2^127."),
+        Mistake(fp16.max, "that is fp16's largest number; bf16 has fp32's 8 exponent bits."),
+        Mistake(2.0 ** 127, "2^127 is the largest power of two; the mantissa adds almost a factor "
+                            "2: (2 − 2^-7)·2^127."),
+    )),
+    Item("04-fp16-subnormal", fp16.smallest_subnormal, "", rel_tol=1e-6, mistakes=(
+        Mistake(fp16.smallest_normal, "that is the smallest *normal* fp16 number, 2^-14; "
+                                      "subnormals go 10 mantissa bits lower."),
+        Mistake(fp16.eps, "that is epsilon, the gap at 1, not the smallest positive number."),
+        Mistake(fp16.smallest_subnormal / 2, "one power of two too small: the smallest subnormal "
+                                             "is 2^(1 − bias − m) = 2^(1 − 15 − 10)."),
+    )),
+    Item("04-fp16-2049", precision.round_to(2049, "fp16"), "", mistakes=(
+        Mistake(2049, "2049 = 2^11 + 1 needs 11 bits after the binary point; fp16 has 10, so "
+                      "between 2048 and 4096 only even numbers exist."),
+        Mistake(2050, "2049 is exactly halfway between 2048 and 2050: a tie rounds to the even "
+                      "mantissa, which is 2048's."),
+    )),
+    Item("04-fp16-stall", max(precision.running_sum(2.0 ** -10, 4096, "fp16")), "", mistakes=(
+        Mistake(1.0, "at 1 the gap between fp16 numbers is 2^-10, exactly the step, so the sum "
+                     "still moves; the gap doubles at 2."),
+        Mistake(4.0, "at 2 the gap is 2^-9: the step is exactly half a gap, and the tie rounds to "
+                     "even, back to 2."),
+        Mistake(fp16.max, "precision runs out long before range: the sum stops when the step is "
+                          "half the gap at the sum."),
+    )),
+    Item("04-e4m3-max", e4m3.max, "", mistakes=(
+        Mistake(240, "that reserves the top exponent for inf/NaN as IEEE formats do; e4m3 (\"fn\", "
+                     "finite) uses it and reserves only mantissa 111: 1.75 · 2^8."),
+        Mistake(480, "mantissa 111 with the top exponent is NaN in e4m3; the largest is 1.110 "
+                     "in binary: 1.75 · 2^8."),
+        Mistake(57344, "that is e5m2's largest number (5 exponent bits); e4m3 has 4."),
+    )),
+    Item("04-logit-grad", logit_grad, "", rel_tol=0.01, mistakes=(
+        Mistake(1 / VOCAB, "that is the probability p_j; the loss is a mean over b·s tokens, so "
+                           "each token's gradient is divided by b·s too."),
+        Mistake(1 / (BATCH * SEQ), "that is 1/(b·s); multiply by the probability p_j ≈ 1/V of "
+                                   "the wrong token."),
+    )),
+    Item("04-scale-to-normal", smallest_power_of_two_scale(rounded_grad, fp16.smallest_normal), "",
+         mistakes=(
+        Mistake(smallest_power_of_two_scale(rounded_grad, fp16.smallest_subnormal),
+                "that reaches the smallest *subnormal* (2^-24), where one bit of precision is "
+                "left; the question asks for the smallest normal number, 2^-14."),
+        Mistake(smallest_power_of_two_scale(rounded_grad, fp16.smallest_normal) / 2,
+                "one power of two too small: 2^15 · 1.2e-9 ≈ 3.9e-5 is still below 2^-14 ≈ 6.1e-5."),
+        Mistake(fp16.smallest_normal / rounded_grad, "that scale is not a power of two; "
+                                                     "round up to the next power of two."),
+    )),
+    Item("04-scale-after", precision.loss_scale_after([True] * 3 + [False] * 5000)[0], "", mistakes=(
+        Mistake(2.0 ** 16 / 8, "that backs off three times but forgets the growth: every 2000 "
+                               "clean steps in a row double the scale."),
+        Mistake(2.0 ** 16 / 8 * 2, "5000 clean steps hold two full runs of 2000, so the scale "
+                                   "doubles twice."),
+        Mistake(2.0 ** 16 * 4, "an overflow halves the scale (backoff 0.5) before the clean "
+                               "steps start."),
+    )),
+    Item("04-state-gb", state_gb("mixed_adam_fp32_grads"), "GB", rel_tol=0.01, mistakes=(
+        Mistake(state_gb("mixed_adam"), "that is 16 bytes per parameter (16-bit gradients); this "
+                                        "recipe keeps fp32 gradients: 2 + 4 + 12 = 18."),
+        Mistake(N_PARAMS * 2 / GB, "that is only the bf16 weights; add gradients, master "
+                                   "weights and Adam's two moments."),
+    )),
+    Item("04-saving-gb", state_gb("fp32_adam") - state_gb("mixed_adam"), "GB", abs_tol=0.05, mistakes=(
+        Mistake(state_gb("fp32_adam") / 2, "mixed precision does not halve the model state: "
+                                           "the optimizer keeps fp32 master weights and moments."),
+        Mistake(N_PARAMS * 4 / GB, "you halved the weights and the gradients (4 bytes saved) "
+                                   "but forgot the fp32 master copy (4 bytes added)."),
+    )),
+    Item("04-autocast-linear-bytes", 2 * inputs + 2 * weight, "bytes", mistakes=(
+        Mistake(2 * inputs, "that is only the input; backward also needs the weight to compute the "
+                            "input's gradient, and autocast saves its bf16 copy."),
+        Mistake(4 * inputs + 4 * weight, "that is what fp32 saves; under autocast the saved "
+                                         "tensors are the bf16 copies."),
+        Mistake(2 * inputs + 2 * weight + 4 * inputs, "the fp32 input is not saved, only its "
+                                                      "bf16 copy."),
+    )),
+]
