@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlparse
 import nbformat
 import pytest
 
-from gpulab import arith
+from gpulab import arith, precision
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "book" / "_build" / "html"
@@ -94,5 +94,5 @@ def test_formula_sheet_examples_agree_with_gpulab():
     rows = re.findall(r"^\| (.+?) \| `(.+?)` \| ([0-9.]+) \|$", table, flags=re.M)
     assert len(rows) >= 10
     for example, call, shown in rows:
-        value = eval(call, {"arith": arith})  # the page's own gpulab call
+        value = eval(call, {"arith": arith, "precision": precision})  # the page's own gpulab call
         assert value == pytest.approx(float(shown), rel=5e-4), f"{example}: page says {shown}, gpulab {value}"
