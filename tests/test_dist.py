@@ -1,0 +1,199 @@
+"""gpulab.dist: launch runs real gloo ranks, and every way a rank can fail ends the run quickly,
+names the rank, and leaves no process behind.
+
+The workers below run in spawned processes, which import this module by name (pytest puts
+tests/ on sys.path, and spawn hands sys.path to its children), so they must stay at top level.
+Each run of 2 ranks costs about 5 s on a 2-core CPU, mostly importing torch; hence few runs, each
+checking several things.
+"""
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gpulab.dist
+from gpulab.dist import LaunchError, default_backend, free_port, launch, worker_device
+
+
+# ----------------------------------------------------------------------------- workers
+
+def sum_ranks(rank, world_size, scale):
+    """all_reduce of the rank numbers: every rank ends with 0 + 1 + ... + (world_size - 1)."""
+    device = worker_device(rank)
+    t = torch.tensor([float(rank)], device=device)
+    dist.all_reduce(t)
+    return {"rank": rank, "sum": t.item(), "tensor": scale * torch.arange(300_000.0) + rank,
+            "backend": dist.get_backend(), "device": str(device),
+            "threads": torch.get_num_threads(),
+            "env": (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_PORT"])}
+
+
+def fail_on_rank_1(rank, world_size, how, pid_dir):
+    """Rank 1 fails ``how`` while rank 0 waits in an all_reduce that rank 1 never joins (with
+    "hang_alone", rank 0 returns at once instead). Each rank first records its pid."""
+    pid_file = os.path.join(pid_dir, f"rank{rank}.pid")
+    with open(pid_file + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(pid_file + ".tmp", pid_file)  # whole or absent, even if killed right here
+    if rank == 0 and how == "hang_alone":
+        return rank
+    if rank == 1:
+        if how == "raise":
+            raise ValueError("rank 1 refuses")
+        if how == "exit":
+            os._exit(3)  # no traceback, no reply, no cleanup
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how in ("hang", "hang_alone"):
+            time.sleep(3600)
+    dist.all_reduce(torch.ones(1))
+    return rank
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def assert_all_gone(pid_dir=None):
+    """No rank outlives launch: multiprocessing knows no live child, and the pids the workers
+    wrote no longer exist (launch reaped them, so not even as zombies)."""
+    assert multiprocessing.active_children() == []
+    pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")] if pid_dir else []
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    return pids
+
+
+def failing_launch(how, tmp_path, **kwargs):
+    """The LaunchError's message, the seconds launch took, and the seconds from rank 1's failure
+    (it wrote its pid file just before) to launch's return: the first includes starting the
+    processes, which a loaded machine slows, the second is launch's own reaction time."""
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(fail_on_rank_1, 2, args=(how, str(tmp_path)), **kwargs)
+    pid_file = tmp_path / "rank1.pid"  # absent if rank 1 never got that far
+    reaction = time.time() - pid_file.stat().st_mtime if pid_file.exists() else None
+    return str(info.value), time.monotonic() - start, reaction
+
+
+# ----------------------------------------------------------------------------- tests
+
+def test_two_concurrent_launches_of_two_gloo_ranks():
+    """The basic promise, twice at once: each rank runs, all_reduce sums across the ranks, results
+    come back ordered by rank, tensors intact, with the torchrun-style environment set. The two
+    launches run from threads (as two notebooks or parallel tests would) and do not collide,
+    because each picks its own free port rather than a fixed 29500."""
+    ports = {free_port() for _ in range(5)}
+    assert len(ports) >= 4 and all(1024 < p < 65536 for p in ports)
+    out = {}
+
+    def run(scale):
+        try:
+            out[scale] = launch(sum_ranks, 2, (scale,))
+        except Exception as e:  # shown by the assert below
+            out[scale] = e
+
+    threads = [threading.Thread(target=run, args=(scale,)) for scale in (1.0, 10.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(out) == 2 and all(isinstance(results, list) for results in out.values()), out
+    for scale, results in out.items():
+        assert [r["rank"] for r in results] == [0, 1]
+        assert [r["sum"] for r in results] == [1.0, 1.0]
+        for rank, r in enumerate(results):
+            # 1.2 MB each: more than a pipe holds, so launch must read while the rank writes
+            assert torch.equal(r["tensor"], scale * torch.arange(300_000.0) + rank)
+            assert (r["backend"], r["device"]) == ("gloo", "cpu")
+            assert r["env"][:2] == (str(rank), "2")
+            assert r["threads"] == int(os.environ.get("OMP_NUM_THREADS", 1))  # 2 cores, 2 ranks
+        assert results[0]["env"][2] == results[1]["env"][2]  # the ranks met on one port...
+    assert out[1.0][0]["env"][2] != out[10.0][0]["env"][2]  # ...each launch on its own
+    assert_all_gone()
+
+
+def test_a_raising_rank_is_named_with_its_traceback(tmp_path):
+    """The worker's own traceback comes back in the error, first, though rank 0 fails too (its
+    all_reduce loses its peer) and is reported after it, or stopped."""
+    message, elapsed, reaction = failing_launch("raise", tmp_path)
+    assert message.startswith("launch failed: rank 1: ValueError: rank 1 refuses")
+    assert "--- rank 1 traceback ---" in message and 'raise ValueError("rank 1 refuses")' in message
+    assert "then rank 0: " in message or "launch stopped rank(s) 0" in message
+    assert elapsed < 15 and reaction < 6
+    assert len(assert_all_gone(tmp_path)) == 2
+
+
+@pytest.mark.parametrize("how, cause", [("exit", "exit code 3"),
+                                        ("sigkill", "killed by signal 9 (SIGKILL)")])
+def test_a_rank_that_dies_is_noticed_at_once(tmp_path, how, cause):
+    """A rank that vanishes sends no traceback; launch sees its exit and stops rank 0, which is
+    blocked waiting for it, long before the 30 s collective timeout."""
+    message, elapsed, reaction = failing_launch(how, tmp_path)
+    assert message.startswith(f"launch failed: rank 1: the process died without reporting a "
+                              f"result ({cause})")
+    assert elapsed < 20 and reaction < 6
+    assert len(assert_all_gone(tmp_path)) == 2
+
+
+def test_a_hung_run_times_out_and_says_who_hung(tmp_path):
+    """Rank 1 sleeps forever: after ``timeout`` seconds launch gives up, says which ranks had not
+    finished, and kills them. (Whether rank 0 finished in time depends on how fast the machine
+    starts processes, about 3-5 s here, so the message may list rank 0 as unfinished too.)"""
+    message, elapsed, _ = failing_launch("hang_alone", tmp_path, timeout=3)
+    assert message.startswith("launch timed out after") and "(timeout=3 s)" in message
+    assert re.search(r"rank\(s\) (0, )?1 had not finished \(finished: (0|none)\)", message)
+    assert 3 <= elapsed < 3 + 5
+    assert_all_gone(tmp_path)
+
+
+def test_an_interrupted_launch_leaves_no_rank_behind(tmp_path, monkeypatch):
+    """Interrupting the kernel raises KeyboardInterrupt inside launch, here injected while it polls
+    two running ranks (rank 0 blocked in all_reduce, rank 1 asleep): both must still be stopped."""
+    collect = gpulab.dist._collect
+
+    def interrupted_once_both_run(pipe, proc):
+        if len(list(tmp_path.glob("*.pid"))) == 2:
+            raise KeyboardInterrupt
+        return collect(pipe, proc)
+
+    monkeypatch.setattr(gpulab.dist, "_collect", interrupted_once_both_run)
+    with pytest.raises(KeyboardInterrupt):
+        launch(fail_on_rank_1, 2, args=("hang", str(tmp_path)), timeout=20)
+    assert len(assert_all_gone(tmp_path)) == 2
+
+
+def test_a_worker_spawn_cannot_import_is_refused_up_front(monkeypatch):
+    """Spawned ranks import the worker by module and name. A lambda, a nested function or a
+    function from a notebook cell (module __main__ without a file) would fail in every child
+    with an AttributeError that launch could only report as a crash; refuse it with advice."""
+    def nested(rank, world_size):
+        return rank
+
+    notebook = types.ModuleType("__main__")  # what a Jupyter kernel's __main__ looks like
+    exec("def worker(rank, world_size):\n    return rank", notebook.__dict__)
+    monkeypatch.setitem(sys.modules, "__main__", notebook)
+    for worker in (nested, lambda rank, world_size: rank, notebook.worker):
+        with pytest.raises(ValueError, match="Put it in a module"):
+            launch(worker, 2)
+    assert multiprocessing.active_children() == []
+
+
+def test_default_backend_follows_the_machine(monkeypatch):
+    """NCCL only when each rank gets a GPU of its own (and torch has NCCL); gloo otherwise, as on
+    this CPU machine. Then the same rule on a pretend 4-GPU machine."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert default_backend(2) == ("nccl" if gpus >= 2 and dist.is_nccl_available() else "gloo")
+    assert default_backend(gpus + 1) == "gloo"
+    assert worker_device(0, "gloo") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    assert [default_backend(n) for n in (1, 4, 5)] == ["nccl", "nccl", "gloo"]
