@@ -195,3 +195,28 @@ def test_chapter_05_accumulation_answer_fits_when_measured():
     peak = measure.training_step_peak(config, 2 * micro, 128, torch.float32, "adamw",
                                       checkpointing=True, fake=True, micro_batches=2).peak
     assert peak <= 140 * 2**20
+
+
+def test_chapter_06_against_published_figures():
+    value = {item_id: item.value for item_id, item in key("06_data_parallel").items()}
+    # Ring all-reduce of 14 GB of bf16 gradients over 8 GPUs at 450 GB/s: 2·7/8·14/450 s.
+    assert value["06-allreduce-ms"] == pytest.approx(54.44, rel=1e-3)
+    assert value["06-allgather-ms"] == pytest.approx(value["06-allreduce-ms"] / 2)
+    # nccl-tests PERFORMANCE.md: busbw = algbw · 2(n−1)/n; 200 GB/s algbw on 8 GPUs -> 350.
+    assert value["06-busbw"] == pytest.approx(350)
+    # ZeRO paper: 2Ψ + 14Ψ/8 for Ψ = 7.5B is 28.1 GB; stage 3 traffic 3Ψ in bf16 = 45 GB.
+    assert value["06-zero2-gb"] == pytest.approx(28.125)
+    assert value["06-zero3-comm-gb"] == pytest.approx(45)
+    assert value["06-zero3-gpus"] == 19                       # ceil(1120 GB / 60 GB)
+    assert value["06-step-ms"] == pytest.approx(350)
+    assert value["06-min-tokens"] == pytest.approx(7875) and value["06-min-batch"] == 4
+    assert value["06-bubble"] == pytest.approx(3 / 11)        # GPipe: (p − 1)/(m + p − 1)
+    assert value["06-reduce-scatter"] == 12
+
+
+def test_chapter_06_reduce_scatter_answer_is_what_the_ranks_compute():
+    """Quiz 1, on two real gloo ranks: rank 1's piece of the reduce-scatter of [0, 1] and [10, 11]."""
+    from gpulab import collectives, dist
+
+    shown = dist.launch(collectives.show_collectives, 2, backend="gloo")
+    assert shown[1]["reduce_scatter"] == ([10.0, 11.0], [key("06_data_parallel")["06-reduce-scatter"].value])
