@@ -32,6 +32,7 @@ lab: $(READY)
 # One thread per PyTorch process: two workers each running kernels with a thread per core would
 # oversubscribe the cores, and OpenMP's waiting threads then slow every step several-fold.
 test: $(READY)
+	@scripts/setup_sandbox.sh
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope -p nbval --nbval-lax tests solutions
 
 doctor: $(READY)
@@ -42,6 +43,7 @@ release: $(READY)
 	$(BIN)/python autograder/release.py $(if $(GRADED),--graded)
 
 autograde: $(READY)
+	@scripts/setup_sandbox.sh
 	$(BIN)/python autograder/grade.py
 
 # After manual grading in the Formgrader: feedback and CSV again, without re-running notebooks.

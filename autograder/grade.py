@@ -10,17 +10,21 @@ Results:
     autograder/feedback/<student>/<chapter>/     HTML feedback to return to the student
     autograder/grades.csv                        one row per student and chapter
 
-The test cells are checked against the instructor's answer key in autograder/keys/, never the
-copy a student could have edited: GPULAB_ANSWER_KEYS points gpulab.checks at it.
+Each notebook runs in a sandbox that cannot see this folder; its test cells only record the
+answers, which are judged against the instructor's key in autograder/keys/ outside the learner's
+kernel (autograder/secure_grading.py). Findings such as deleted or duplicated test cells are
+listed at the top of the student's feedback and in autograder/integrity.jsonl.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from nbgrader.api import Gradebook
 
-from release import AUTOGRADER, KEYS, nbgrader, release
+from release import AUTOGRADER, nbgrader, release
+from secure_grading import INTEGRITY_LOG, sandbox_command
 
 SUBMITTED = AUTOGRADER / "submitted"
 
@@ -34,10 +38,14 @@ def main() -> None:
     parser.add_argument("--feedback-only", action="store_true",
                         help="after manual grading: rebuild feedback and the CSV, run nothing")
     args = parser.parse_args()
-    os.environ["GPULAB_ANSWER_KEYS"] = str(KEYS)  # inherited by the kernels nbgrader starts
+    os.environ.pop("GPULAB_ANSWER_KEYS", None)  # keys never reach a learner's kernel
     chapters = submitted_chapters()
     if not chapters:
         raise SystemExit(f"nothing to grade: no folders like {SUBMITTED}/<student>/<chapter>/")
+    integrity = AUTOGRADER / INTEGRITY_LOG
+    if not args.feedback_only:
+        sandbox_command(".", [])  # fails now, with the install command, if bubblewrap is missing
+        integrity.unlink(missing_ok=True)
     for chapter in chapters:
         if not args.feedback_only:
             # (Re)generating the graded release records the chapter's source cells, hidden tests
@@ -52,6 +60,11 @@ def main() -> None:
                 print(f"{chapter}  {submission.student_id:<20} "
                       f"{submission.score:g} / {submission.max_score:g}"
                       + ("  (needs manual grading)" if submission.needs_manual_grade else ""))
+    if integrity.exists():
+        findings = [json.loads(line) for line in integrity.read_text().splitlines()]
+        print(f"{len(findings)} integrity finding(s), also at the top of each student's feedback:")
+        for f in findings:
+            print(f"  {f['assignment']}  {f['student']}: {f['finding']}")
     print(f"grades: {(AUTOGRADER / 'grades.csv').relative_to(AUTOGRADER.parent)}; "
           f"feedback: autograder/feedback/")
 

@@ -12,6 +12,7 @@ nbgrader reads this file when run from this folder (autograder/release.py and gr
 and JupyterLab's formgrader finds it because `make lab` puts this folder on JUPYTER_CONFIG_PATH.
 """
 import os
+import sys
 
 c = get_config()  # noqa: F821 (provided by traitlets when it loads this file)
 
@@ -34,3 +35,22 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # A chapter runs in well under 2 minutes on a 2-core CPU; these bound a stuck submission.
 c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
+
+# Grading that holds (autograder/secure_grading.py): graded cells normalised before anything
+# runs; each notebook executed in a bubblewrap sandbox that hides the course folder; answers
+# judged against the key here, outside the learner's kernel; outputs capped.
+sys.path.insert(0, here)
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput,  # noqa: E402
+                                    DeduplicateIds, IgnorePattern, LimitOutput,
+                                    OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
+from secure_grading import ExecuteSandboxed, GradeRecordedAnswers, NormalizeCells  # noqa: E402
+
+c.Autograde.sanitize_preprocessors = [NormalizeCells, ClearOutput, DeduplicateIds,
+                                      OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
+c.Autograde.autograde_preprocessors = [ExecuteSandboxed, GradeRecordedAnswers, IgnorePattern,
+                                       ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+                                       AssignLatePenalties, CheckCellMetadata]
+c.SandboxedKernelManager.hidden_paths = [c.CourseDirectory.root]
+c.GradeRecordedAnswers.keys_dir = os.path.join(here, "keys")
+c.ExecuteSandboxed.notebook_timeout = 900

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ("nbgrader_config.py", "release.py", "grade.py")
+SCRIPTS = ("nbgrader_config.py", "release.py", "grade.py", "secure_grading.py")
 
 
 def copy_course(dest: Path) -> Path:

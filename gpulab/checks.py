@@ -281,12 +281,53 @@ def judge(item: Item, answer) -> str:
     return f"✔ {item.id}: right ({shown}{unit}{tolerance})."
 
 
+# --------------------------------------------------------------------------------------------
+# Recording an answer for grading (the verdict is computed outside the learner's kernel)
+
+RECORD_MIME = "application/vnd.gpulab.answer+json"
+
+
+def answer_record(item_id: str, answer) -> dict:
+    """What a graded run records for one answer: {"item", "value"} for a finite real number,
+    {"item", "text"} for a string, else {"item", "error"} with the plain-words message. Only a
+    plain float leaves the kernel, so an object that claims to equal everything records one
+    number like any other answer."""
+    if isinstance(answer, str):
+        return {"item": item_id, "text": answer[:200]}
+    try:
+        value = _as_number(answer, Item(item_id, 0.0, ""))
+    except WrongAnswer as wrong:
+        return {"item": item_id, "error": str(wrong)}
+    return {"item": item_id, "value": float(value)}
+
+
+def _record(item_id: str, answer) -> None:
+    record = answer_record(item_id, answer)
+    text = f"{item_id}: answer recorded for grading."
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:   # plain Python: nothing records it
+        print(text)
+        return
+    display({RECORD_MIME: record, "text/plain": text}, raw=True)
+
+
 def check(item_id: str, answer) -> None:
-    """The test cell's one line: say right, or raise WrongAnswer with the likely mistake."""
+    """The test cell's one line: say right, or raise WrongAnswer with the likely mistake.
+
+    In a graded run (nbgrader's autograde sets NBGRADER_EXECUTION=autograde) it only records the
+    answer; ``make autograde`` judges the record against the instructor's key afterwards,
+    outside this kernel (autograder/secure_grading.py)."""
+    if os.environ.get("NBGRADER_EXECUTION") == "autograde":
+        _record(item_id, answer)
+        return
     key = find_key(chapter_of(item_id))
     if key is None:
-        print(f"{item_id}: answer recorded ({answer!r}). This release has no self-checks; "
-              "your instructor grades it.")
+        _record(item_id, answer)
+        print("This release has no self-checks; your instructor grades it.")
         return
     if item_id not in key:
         raise KeyError(f"{item_id} is not in chapter {chapter_of(item_id)}'s answer key")

@@ -148,3 +148,53 @@ def test_missing_key_for_chapter_in_grading_folder_is_an_error(tmp_path, monkeyp
     monkeypatch.setenv(checks.KEYS_ENV, str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no key for chapter 42"):
         check("42-answer", 42)
+
+
+# --------------------------------------------------------------------------------------------
+# Graded runs: check() only records; the verdict is computed outside the kernel
+
+
+def test_a_graded_run_records_without_reading_any_key(monkeypatch, capsys, tmp_path):
+    """Under nbgrader's autograde, even with a key reachable, check() judges nothing: it
+    records the answer (here, outside IPython, it prints that it did)."""
+    from gpulab.checks import check
+
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.setenv("GPULAB_ANSWER_KEYS", str(tmp_path / "nowhere"))   # would raise if read
+    check("01-anything", 12345)                                            # a wrong answer, no raise
+    assert "answer recorded for grading" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, record", [
+    (2048, {"value": 2048.0}),
+    (True, {"error": "yes/no"}),
+    ("2048", {"text": "2048"}),
+    (..., {"error": "not answered yet"}),
+    (float("nan"), {"error": "NaN"}),
+    (None, {"error": "None"}),
+    ([1, 2], {"error": "list"}),
+])
+def test_answer_record_keeps_only_a_plain_number_or_text(answer, record):
+    from gpulab.checks import answer_record
+
+    got = answer_record("99-x", answer)
+    assert got["item"] == "99-x" and set(got) == {"item", *record}
+    (kind, expected), = record.items()
+    assert expected in got[kind] if kind == "error" else got[kind] == expected
+    if kind == "value":
+        assert type(got["value"]) is float
+
+
+def test_an_object_equal_to_everything_records_as_no_number():
+    from gpulab.checks import answer_record
+
+    class Anything:
+        def __eq__(self, other):
+            return True
+
+    class Liar(int):
+        def __eq__(self, other):
+            return True
+
+    assert "not a number" in answer_record("99-x", Anything())["error"]
+    assert answer_record("99-x", Liar(7)) == {"item": "99-x", "value": 7.0}
