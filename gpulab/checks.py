@@ -8,15 +8,15 @@ The expected value is not in the notebook. It lives in the chapter's answer key,
 on the instructor's side (``autograder/keys/NN_topic.py``), computed by gpulab's own functions.
 ``check`` finds the key in this order:
 
-1. the folder named by the environment variable ``GPULAB_ANSWER_KEYS`` (set by ``make autograde``
-   and by the tests, so that a grading run uses the instructor's key and nothing a student
-   could have edited);
+1. the folder named by the environment variable ``GPULAB_ANSWER_KEYS`` (an instructor checking
+   a notebook by hand against the real key);
 2. ``selfcheck.dat`` beside the notebook: the self-study release's encoded copy of the key, so a
    learner gets an immediate verdict without the expected value being in plain sight;
 3. ``autograder/keys`` in a folder above the notebook (an instructor working in the repository).
 
-Where no key is found (a graded release handed out without self-checks) ``check`` only says
-that the answer was recorded for grading.
+In a graded run (``make autograde``) ``check`` looks for no key at all: it records the answer,
+and the grading process judges the record outside the learner's kernel
+(``autograder/secure_grading.py``). Where no key is found, it records the answer too.
 
 A wrong answer raises ``WrongAnswer`` (an AssertionError, so nbgrader scores the cell zero) whose
 message is the diagnosis, e.g. "8x too large: did you count bits instead of bytes?". Answers of

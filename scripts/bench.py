@@ -3,7 +3,9 @@
 1. CPU execution time of every solution notebook (target: chapter 01 <= 60 s, each well under
    120 s on a 2-core machine);
 2. the book build (Jupyter Book, chapters executed unless cached);
-3. autograding time per submission, in a throwaway copy of the course.
+3. autograding a class of 50 synthetic submissions of chapter 03 (correct, typical wrong, blank
+   and adversarial mixed) in a throwaway copy of the course: target <= 10 minutes on 2 cores,
+   with a grades CSV row for every student.
 """
 from __future__ import annotations
 
@@ -30,21 +32,75 @@ def execute_seconds(path: Path) -> float:
     return time.perf_counter() - start
 
 
-def autograde_seconds(n_students: int) -> float:
+CLASS_CHAPTER = "03_throughput"
+
+
+def adversarial(nb, kind: str):
+    """Chapter notebook ``nb`` attacked one way (see tests/test_adversarial.py for all of them)."""
+    answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"]
+    tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade") and not c.metadata["nbgrader"].get("solution")]
+    if kind == "equals_everything":
+        answers[0].source = "class Anything:\n    def __eq__(self, other): return True\n" + answers[0].source
+        for c in answers:
+            c.source = c.source.replace("= ...", "= Anything()")
+    elif kind == "patched_checker":
+        answers[0].source = ("import gpulab.checks, math\nmath.isclose = lambda *a, **k: True\n"
+                             "gpulab.checks.check = check = lambda *a: print('right')\n") + answers[0].source
+    elif kind == "kernel_exit":
+        answers[len(answers) // 2].source = "import os\nos._exit(0)"
+    elif kind == "deleted_tests":
+        for c in tests:
+            nb.cells.remove(c)
+    elif kind == "forged_metadata":
+        for c in tests:
+            c.metadata["nbgrader"]["points"] = 100
+            c.source = "pass"
+    elif kind == "reads_keys":
+        answers[0].source = ("import glob\nprint([open(p).read()[:100] for p in "
+                             "glob.glob('../../../keys/*.py')])\n") + answers[0].source
+    return nb
+
+
+def autograde_class(n_students: int = 50) -> tuple[float, int, dict[str, list[float]]]:
+    """Grade a mixed class of one chapter: (seconds, CSV rows, scores by kind of student)."""
+    kinds = ["solver"] * 20 + ["typical"] * 10 + ["blank"] * 5 + [
+        "equals_everything", "patched_checker", "kernel_exit", "deleted_tests", "forged_metadata",
+        "reads_keys"] * 3
+    kinds = kinds[:n_students]
     with tempfile.TemporaryDirectory() as tmp:
         course = copy_course(Path(tmp) / "course")
-        for chapter in sorted(p.name for p in (course / "solutions").iterdir() if p.is_dir()):
-            for i in range(n_students):
-                shutil.copytree(course / "solutions" / chapter,
-                                course / "autograder" / "submitted" / f"student{i:02d}" / chapter)
+        from gpulab.checks import load_key_module
+        from scratch_course import answers_replaced
+        items = load_key_module(course / "autograder" / "keys" / f"{CLASS_CHAPTER}.py")
+        release = course / "notebooks" / CLASS_CHAPTER / f"{CLASS_CHAPTER}.ipynb"
+        source = course / "solutions" / CLASS_CHAPTER / f"{CLASS_CHAPTER}.ipynb"
+        for i, kind in enumerate(kinds):
+            folder = course / "autograder" / "submitted" / f"{kind}{i:02d}" / CLASS_CHAPTER
+            folder.mkdir(parents=True)
+            if kind == "solver":
+                nb = nbformat.read(source, as_version=4)
+            elif kind == "typical":
+                nb = answers_replaced(release, lambda item_id: items[item_id].mistakes[0].value)
+            elif kind == "blank":
+                nb = nbformat.read(release, as_version=4)
+            else:
+                nb = adversarial(nbformat.read(release, as_version=4), kind)
+            nbformat.write(nb, folder / f"{CLASS_CHAPTER}.ipynb")
         start = time.perf_counter()
         subprocess.run([sys.executable, "autograder/grade.py"], cwd=course, check=True,
                        capture_output=True)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        rows = (course / "autograder" / "grades.csv").read_text().splitlines()[1:]
+        from nbgrader.api import Gradebook
+        scores: dict[str, list[float]] = {}
+        with Gradebook(f"sqlite:///{course / 'autograder' / 'gradebook.db'}") as gradebook:
+            for i, kind in enumerate(kinds):
+                submission = gradebook.find_submission(CLASS_CHAPTER, f"{kind}{i:02d}")
+                scores.setdefault(kind, []).append(submission.score)
+        return seconds, len(rows), scores
 
 
 def main() -> None:
-    os.environ["GPULAB_ANSWER_KEYS"] = str(ROOT / "autograder" / "keys")
     print(f"machine: {os.cpu_count()} CPU cores; python {sys.version.split()[0]}")
     print("\nsolution notebooks, executed top to bottom (fresh kernel each):")
     for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):
@@ -54,11 +110,12 @@ def main() -> None:
     start = time.perf_counter()
     subprocess.run([sys.executable, "scripts/build_book.py"], cwd=ROOT, check=True, capture_output=True)
     print(f"\nbook build (make book, {state}): {time.perf_counter() - start:.1f} s")
-    n = 2
-    chapters = len(list((ROOT / "solutions").glob("*/*.ipynb")))
-    total = autograde_seconds(n)
-    print(f"\nautograde of {n} students x {chapters} chapters (release + autograde + feedback + "
-          f"export): {total:.1f} s, {total / (n * chapters):.1f} s per chapter submission")
+    seconds, rows, scores = autograde_class(50)
+    print(f"\nautograde of a class of 50 submissions of {CLASS_CHAPTER} (release + autograde + "
+          f"feedback + export, {os.cpu_count()} jobs): {seconds:.1f} s = {seconds / 60:.1f} min "
+          f"(target <= 10 min), {seconds / 50:.1f} s per submission; grades.csv rows: {rows}")
+    for kind, got in scores.items():
+        print(f"  {kind:<18} x{len(got):>2}: scores {sorted(set(got))}")
 
 
 if __name__ == "__main__":
