@@ -49,9 +49,11 @@ def autograde(chapter: str, jobs: int) -> None:
             [sys.executable, "-m", "nbgrader", "autograde", chapter, "--create", "--force",
              f"--CourseDirectory.student_id_exclude={others}", "--log-level=WARN"],
             cwd=AUTOGRADER, env=env))
-    failed = [p.args for p in running if p.wait() != 0]
-    if failed:
-        raise SystemExit(f"autograde failed for {chapter}: see the errors above")
+    if any(p.wait() != 0 for p in running):
+        # nbgrader grades every other submission and leaves the broken ones (e.g. a file that
+        # is not a notebook) without scores: they export as zero. The class goes on.
+        print(f"WARNING: some {chapter} submissions could not be graded at all (nbgrader's "
+              "errors above); they score zero. The rest of the class was graded.")
 
 
 def main() -> None:

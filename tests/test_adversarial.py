@@ -220,6 +220,9 @@ def graded(tmp_path_factory):
         config.write("\nc.Execute.timeout = 10\nc.ExecuteSandboxed.notebook_timeout = 60\n")
     run(course, "release.py", CHAPTER)
     release = course / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
+    broken = course / "autograder" / "submitted" / "not_a_notebook" / CHAPTER
+    broken.mkdir(parents=True)
+    (broken / f"{CHAPTER}.ipynb").write_text("this is not a notebook {")
     for student, (make, _, _) in ATTACKS.items():
         folder = course / "autograder" / "submitted" / student / CHAPTER
         folder.mkdir(parents=True)
@@ -309,10 +312,18 @@ def test_nothing_was_read_or_written_outside_the_working_copy(graded):
     assert db.execute("select count(*) from grade where manual_score = 100").fetchone() == (0,)
 
 
+def test_a_file_that_is_not_a_notebook_scores_zero_and_the_class_goes_on(graded):
+    course, stdout, _ = graded
+    assert "could not be graded" in stdout
+    row = next(r for r in (course / "autograder" / "grades.csv").read_text().splitlines()
+               if ",not_a_notebook," in r)
+    assert row.split(",")[-2:] == ["0.0", "2.0"], row          # score, max_score
+
+
 def test_the_gradebook_holds_only_the_expected_rows(graded):
     course, _, _ = graded
     with Gradebook(f"sqlite:///{course / 'autograder' / 'gradebook.db'}") as gradebook:
-        assert sorted(s.id for s in gradebook.students) == sorted(ATTACKS)
+        assert sorted(s.id for s in gradebook.students) == sorted([*ATTACKS, "not_a_notebook"])
         assert [a.name for a in gradebook.assignments] == [CHAPTER]
 
 
@@ -335,4 +346,4 @@ def test_no_process_outlives_grading(graded):
 def test_the_grades_csv_has_a_row_per_student(graded):
     course, _, _ = graded
     rows = (course / "autograder" / "grades.csv").read_text().splitlines()[1:]
-    assert len(rows) == len(ATTACKS)
+    assert len(rows) == len(ATTACKS) + 1       # and the broken file's row

@@ -1,4 +1,6 @@
 """Static checks of the committed notebooks: nbgrader metadata, no outputs, nothing leaked."""
+import ast
+import re
 from pathlib import Path
 
 import nbformat
@@ -43,3 +45,37 @@ def test_release_leaks_no_solution(path):
             worked = cell.source.split("### BEGIN SOLUTION")[1].split("### END SOLUTION")[0]
             assert worked.strip() not in text, f"{meta['grade_id']}: worked answer shipped"
     assert not list(path.parent.glob("*.py")), "no answer key (or any code) in the release folder"
+
+
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell assigns, names it reads), from its syntax tree."""
+    assigned, read = set(), set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            (assigned if isinstance(node.ctx, (ast.Store, ast.Del)) else read).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            assigned.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            assigned.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return assigned, read
+
+
+@pytest.mark.parametrize("path", RELEASES, ids=lambda p: p.parent.name)
+def test_only_its_answer_cell_sets_an_answer(path):
+    """The untouched release scores zero only if no other cell computes an answer variable, and
+    runs top to bottom only if an experiment reads one only after checking it was answered
+    (`if name is ...:`, as chapter 02's budget experiment does). (The pipeline grades the untouched
+    release end to end for the first chapter; this covers every chapter)."""
+    nb = nbformat.read(path, as_version=4)
+    roles = {c.id: c.metadata.get("nbgrader", {}) for c in nb.cells}
+    answers = {c.id: c.source.split("=")[0].strip() for c in nb.cells
+               if c.cell_type == "code" and roles[c.id].get("solution")}
+    assert all(re.fullmatch(r"[A-Za-z_]\w* = \.\.\.\n# YOUR CODE HERE", c.source)
+               for c in nb.cells if c.id in answers), "an answer cell is not `name = ...` + stub"
+    for c in nb.cells:
+        if c.cell_type != "code" or c.id in answers or roles[c.id].get("grade"):
+            continue
+        assigned, read = _names(c.source)
+        assert not assigned & set(answers.values()), f"{c.id} sets {assigned & set(answers.values())}"
+        unguarded = {name for name in read & set(answers.values()) if f"{name} is ..." not in c.source}
+        assert not unguarded, f"{c.id} reads {unguarded} without checking `is ...` first"
