@@ -6,7 +6,6 @@ without the answers would (issue 9, after Kratzke, CSEDU 2019). Each attack must
 what it attacked, or be flagged; honest students in the same batch must be graded right; the
 gradebook may hold only the expected rows; and no process may outlive grading.
 """
-import base64
 import json
 import os
 import sqlite3
