@@ -20,13 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 from nbgrader.api import Gradebook
 
-from release import AUTOGRADER, nbgrader, release
+from release import AUTOGRADER, nbgrader, release, start_nbgrader
 from secure_grading import INTEGRITY_LOG, sandbox_command
 
 SUBMITTED = AUTOGRADER / "submitted"
@@ -41,14 +38,11 @@ def autograde(chapter: str, jobs: int) -> None:
     notebook at a time; the gradebook is SQLite, whose writes are short and wait on a lock)."""
     students = sorted(p.parent.name for p in SUBMITTED.glob(f"*/{chapter}") if p.is_dir())
     groups = [students[i::jobs] for i in range(max(1, min(jobs, len(students))))]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     running = []
     for group in groups:
         others = ",".join(s for s in students if s not in group)
-        running.append(subprocess.Popen(
-            [sys.executable, "-m", "nbgrader", "autograde", chapter, "--create", "--force",
-             f"--CourseDirectory.student_id_exclude={others}", "--log-level=WARN"],
-            cwd=AUTOGRADER, env=env))
+        running.append(start_nbgrader("autograde", chapter, "--create", "--force",
+                                      f"--CourseDirectory.student_id_exclude={others}"))
     if any(p.wait() != 0 for p in running):
         # nbgrader grades every other submission and leaves the broken ones (e.g. a file that
         # is not a notebook) without scores: they export as zero. The class goes on.

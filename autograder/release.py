@@ -28,12 +28,19 @@ def chapters() -> list[str]:
     return sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit())
 
 
-def nbgrader(*args: str) -> None:
-    """Run an nbgrader command with this course's config (it is read from the working folder)."""
+def start_nbgrader(*args: str) -> subprocess.Popen:
+    """Start an nbgrader command with this course's config (it is read from the working folder)."""
     # nbgrader runs the `alembic` and `jupyter` commands by name: put this venv's bin/ first.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    subprocess.run([sys.executable, "-m", "nbgrader", *args, "--log-level=WARN"],
-                   cwd=AUTOGRADER, env=env, check=True)
+    return subprocess.Popen([sys.executable, "-m", "nbgrader", *args, "--log-level=WARN"],
+                            cwd=AUTOGRADER, env=env)
+
+
+def nbgrader(*args: str) -> None:
+    """Run an nbgrader command to the end; CalledProcessError if it fails."""
+    process = start_nbgrader(*args)
+    if process.wait() != 0:
+        raise subprocess.CalledProcessError(process.returncode, process.args)
 
 
 def release(chapter: str, release_dir: str, self_checks: bool) -> Path:

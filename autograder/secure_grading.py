@@ -120,6 +120,15 @@ class NormalizeCells(NbGraderPreprocessor):
             points = {c.name: c.max_score for c in source.grade_cells}
             solutions = {c.name for c in source.solution_cells}
             order = [c.name for c in source.source_cells]
+
+        def metadata(grade_id: str) -> dict:
+            """The cell's nbgrader metadata as the instructor's source has it."""
+            meta = {"grade": grade_id in points, "solution": grade_id in solutions,
+                    "locked": cells[grade_id][2], "grade_id": grade_id, "schema_version": 3}
+            if grade_id in points:
+                meta["points"] = points[grade_id]
+            return meta
+
         seen = set()
         for cell in nb.cells:
             meta = cell.metadata.get("nbgrader")
@@ -135,10 +144,7 @@ class NormalizeCells(NbGraderPreprocessor):
                 continue
             seen.add(grade_id)
             cell_type, text, locked = cells[grade_id]
-            expected = {"grade": grade_id in points, "solution": grade_id in solutions,
-                        "locked": locked, "grade_id": grade_id, "schema_version": 3}
-            if grade_id in points:
-                expected["points"] = points[grade_id]
+            expected = metadata(grade_id)
             changed = [k for k, v in expected.items() if k != "schema_version" and meta.get(k) != v]
             if changed or set(meta) - set(expected) - {"checksum", "cell_type"}:
                 _flag(resources, f"restored the grading metadata of {grade_id!r} ({', '.join(changed) or 'extra keys'})")
@@ -153,11 +159,9 @@ class NormalizeCells(NbGraderPreprocessor):
             if grade_id in seen or grade_id not in points and grade_id not in solutions:
                 continue
             _flag(resources, f"put back deleted cell {grade_id!r}")
-            cell_type, text, locked = cells[grade_id]
+            cell_type, text, _ = cells[grade_id]
             cell = _new_cell(cell_type, text)
-            cell.metadata["nbgrader"] = {"grade": grade_id in points, "solution": grade_id in solutions,
-                                         "locked": locked, "grade_id": grade_id, "schema_version": 3,
-                                         **({"points": points[grade_id]} if grade_id in points else {})}
+            cell.metadata["nbgrader"] = metadata(grade_id)
             nb.cells.insert(_insert_at(nb, order[:position]), cell)
             seen.add(grade_id)
         return nb, resources

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from gpulab.dist import worker_device
+from gpulab.measure import synchronize
 
 # torch 2.13 renamed the tensor forms of all-gather and reduce-scatter (same arguments); older
 # versions have only the old names.
@@ -73,12 +74,10 @@ def time_all_reduce(rank: int, world_size: int, sizes: list[int], repeats: int =
         times = []
         for i in range(repeats + 2):              # the first two warm up the connections
             dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             start = time.perf_counter()
             dist.all_reduce(buffer)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             if i >= 2:
                 times.append(time.perf_counter() - start)
         medians.append(statistics.median(times))

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gpulab.dist import worker_device
+from gpulab.measure import synchronize
 from gpulab.models import GPT, GPTConfig
 from gpulab.precision import sample_batch, text_corpus
 
@@ -90,8 +91,7 @@ def train(rank: int, world_size: int, mode: str, steps: int = 10, batch: int = 1
             comm_times.append(time.perf_counter() - comm_start)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         step_times.append(time.perf_counter() - start)
     module = model.module if mode == "DDP" else model
     return {"params": _flat_params(module),

@@ -18,10 +18,13 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from nbgrader.api import Gradebook
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "autograder"))
-from scratch_course import copy_course  # noqa: E402
+from scratch_course import answers_replaced, copy_course  # noqa: E402
+
+from gpulab.checks import load_key_module  # noqa: E402
 
 
 def execute_seconds(path: Path) -> float:
@@ -68,8 +71,6 @@ def autograde_class(n_students: int = 50) -> tuple[float, int, dict[str, list[fl
     kinds = kinds[:n_students]
     with tempfile.TemporaryDirectory() as tmp:
         course = copy_course(Path(tmp) / "course")
-        from gpulab.checks import load_key_module
-        from scratch_course import answers_replaced
         items = load_key_module(course / "autograder" / "keys" / f"{CLASS_CHAPTER}.py")
         release = course / "notebooks" / CLASS_CHAPTER / f"{CLASS_CHAPTER}.ipynb"
         source = course / "solutions" / CLASS_CHAPTER / f"{CLASS_CHAPTER}.ipynb"
@@ -90,7 +91,6 @@ def autograde_class(n_students: int = 50) -> tuple[float, int, dict[str, list[fl
                        capture_output=True)
         seconds = time.perf_counter() - start
         rows = (course / "autograder" / "grades.csv").read_text().splitlines()[1:]
-        from nbgrader.api import Gradebook
         scores: dict[str, list[float]] = {}
         with Gradebook(f"sqlite:///{course / 'autograder' / 'gradebook.db'}") as gradebook:
             for i, kind in enumerate(kinds):
