@@ -18,15 +18,24 @@ In a graded run (``make autograde``) ``check`` looks for no key at all: it recor
 and the grading process judges the record outside the learner's kernel
 (``autograder/secure_grading.py``). Where no key is found, it records the answer too.
 
-A wrong answer raises ``WrongAnswer`` (an AssertionError, so nbgrader scores the cell zero) whose
-message is the diagnosis, e.g. "8x too large: did you count bits instead of bytes?". Answers of
-the wrong kind (a string, None, a tensor, NaN, ...) get a plain-words message too.
+The verdict is a message that names the likely mistake, e.g. "8x too large: did you count bits
+instead of bytes?"; answers of the wrong kind (a string, None, a tensor, NaN, ...) get a
+plain-words message too. How it is delivered depends on who runs the cell:
+
+- a learner in JupyterLab: the verdict is *shown* (✔ right / ✘ wrong with its diagnosis / not
+  answered yet), never raised, so that Run All reaches the experiments at the end of a chapter;
+- nbgrader's Validate button (NBGRADER_EXECUTION=validate), or GPULAB_STRICT_CHECKS=1 (the book
+  build, where a wrong worked answer must fail): a wrong or unanswered item raises
+  ``WrongAnswer`` (an AssertionError), so Validate lists it as a failing test. Without a key
+  (the graded release) Validate can still tell an unanswered item or an answer of the wrong kind;
+  whether a number is right only ``make autograde`` knows.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import html
 import importlib.util
 import json
 import math
@@ -37,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KEYS_ENV = "GPULAB_ANSWER_KEYS"
+STRICT_ENV = "GPULAB_STRICT_CHECKS"
 SELFCHECK_FILE = "selfcheck.dat"
 _SELFCHECK_HEADER = (
     "GPU Training Lab self-check data. It is encoded so that answers are not read by accident;\n"
@@ -208,6 +218,16 @@ def _finite(x: float, item: Item) -> float:
     return x
 
 
+def percent(rel_tol: float) -> str:
+    """A relative tolerance in percent with its significant digits: 0.005 -> '0.5%',
+    0.0002 -> '0.02%', 0.1 -> '10%' (a fixed one decimal would print 0.0002 as '0.0%')."""
+    pct = rel_tol * 100
+    if pct >= 1:
+        return f"{pct:.3g}%"
+    decimals = 1 - math.floor(math.log10(pct))          # two significant digits
+    return f"{pct:.{decimals}f}".rstrip("0").rstrip(".") + "%"
+
+
 def _close(a: float, b: float, item: Item) -> bool:
     return math.isclose(a, b, rel_tol=max(item.rel_tol, 1e-9), abs_tol=item.abs_tol)
 
@@ -252,7 +272,7 @@ def diagnose(answer: float, item: Item) -> str:
                 return says
         if 0.5 < ratio < 2:
             direction = "too large" if ratio > 1 else "too small"
-            allowed = "the exact value" if item.rel_tol <= 1e-9 else f"within {item.rel_tol:.1%}"
+            allowed = "the exact value" if item.rel_tol <= 1e-9 else f"within {percent(item.rel_tol)}"
             return f"close, but {direction}; this item needs {allowed}. Recheck each factor."
         magnitude = abs(math.log10(abs(ratio)))
         direction = "too large" if abs(ratio) > 1 else "too small"
@@ -276,7 +296,7 @@ def judge(item: Item, answer) -> str:
     number = _as_number(answer, item)
     if not _close(number, float(item.value), item):
         raise WrongAnswer(f"{item.id}: {diagnose(number, item)}")
-    tolerance = "" if item.rel_tol <= 1e-9 else f", within {item.rel_tol:.1%}"
+    tolerance = "" if item.rel_tol <= 1e-9 else f", within {percent(item.rel_tol)}"
     shown = f"{int(number):,}" if number.is_integer() and abs(number) < 1e15 else f"{number:,.6g}"
     return f"✔ {item.id}: right ({shown}{unit}{tolerance})."
 
@@ -315,20 +335,71 @@ def _record(item_id: str, answer) -> None:
     display({RECORD_MIME: record, "text/plain": text}, raw=True)
 
 
-def check(item_id: str, answer) -> None:
-    """The test cell's one line: say right, or raise WrongAnswer with the likely mistake.
+# --------------------------------------------------------------------------------------------
+# Showing a verdict to a learner
 
-    In a graded run (nbgrader's autograde sets NBGRADER_EXECUTION=autograde) it only records the
-    answer; ``make autograde`` judges the record against the instructor's key afterwards,
-    outside this kernel (autograder/secure_grading.py)."""
+_STYLES = {   # (symbol, text colour, background, border): calm colours, not an error box
+    "right": ("✔", "#1a6b2f", "#eef8f0", "#3f9d5a"),
+    "wrong": ("✘", "#7a4a00", "#fff6e5", "#e0a030"),
+    "unanswered": ("○", "#4a4f57", "#f3f4f6", "#9aa0a8"),
+    "recorded": ("✎", "#24466b", "#eef3f9", "#6b8fb8"),
+}
+
+
+def show(state: str, message: str) -> None:
+    """Display one verdict: as a styled box in Jupyter, as a plain line elsewhere."""
+    symbol, colour, background, border = _STYLES[state]
+    text = message if message.startswith(symbol) else f"{symbol} {message}"
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:
+        print(text)
+        return
+    box = (f'<div class="gpulab-check gpulab-check-{state}" style="color:{colour};'
+           f"background:{background};border-left:4px solid {border};padding:4px 10px;"
+           f'font-family:var(--jp-code-font-family, monospace);white-space:pre-wrap">'
+           f"{html.escape(text)}</div>")
+    display({"text/html": box, "text/plain": text}, raw=True)
+
+
+def _strict() -> bool:
+    """Raise on a wrong or unanswered item: nbgrader's Validate, or a build that must fail."""
+    return os.environ.get("NBGRADER_EXECUTION") == "validate" or os.environ.get(STRICT_ENV) == "1"
+
+
+def check(item_id: str, answer) -> None:
+    """The test cell's one line: show ✔, or the likely mistake, or that it is not answered yet.
+
+    A learner's kernel shows the verdict and goes on (Run All reaches the end of the chapter).
+    nbgrader's Validate (and GPULAB_STRICT_CHECKS=1) raise WrongAnswer instead, so a wrong or
+    unanswered item is a failing test there. In a graded run (nbgrader's autograde sets
+    NBGRADER_EXECUTION=autograde) it only records the answer; ``make autograde`` judges the
+    record against the instructor's key afterwards, outside this kernel
+    (autograder/secure_grading.py)."""
     if os.environ.get("NBGRADER_EXECUTION") == "autograde":
         _record(item_id, answer)
         return
     key = find_key(chapter_of(item_id))
-    if key is None:
-        _record(item_id, answer)
-        print("This release has no self-checks; your instructor grades it.")
+    if key is None:   # a graded release: only an unanswered item or a non-number can be told
+        record = answer_record(item_id, answer)
+        if "error" in record:
+            if _strict():
+                raise WrongAnswer(record["error"])
+            show("unanswered" if answer is Ellipsis else "wrong", record["error"])
+            return
+        show("recorded", f"{item_id}: answer recorded. This release has no self-checks: your "
+                         "instructor grades it.")
         return
     if item_id not in key:
         raise KeyError(f"{item_id} is not in chapter {chapter_of(item_id)}'s answer key")
-    print(judge(key[item_id], answer))
+    try:
+        verdict = judge(key[item_id], answer)
+    except WrongAnswer as wrong:
+        if _strict():
+            raise
+        show("unanswered" if answer is Ellipsis else "wrong", str(wrong))
+        return
+    show("right", verdict)

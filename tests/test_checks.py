@@ -131,8 +131,8 @@ def test_key_lookup_order(tmp_path, monkeypatch, capsys):
 
     # 1. grading: the instructor's folder wins over a file the student could have edited
     monkeypatch.setenv(checks.KEYS_ENV, str(keys))
-    with pytest.raises(WrongAnswer):
-        check("42-answer", 7)
+    check("42-answer", 7)
+    assert "✘ 42-answer" in capsys.readouterr().out
     with pytest.raises(KeyError, match="42-missing"):
         check("42-missing", 1)
 
@@ -142,6 +142,78 @@ def test_without_any_key_the_answer_is_only_recorded(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     check("42-answer", 41)
     assert "recorded" in capsys.readouterr().out
+    check("42-answer", ...)                          # shown, not raised: Run All goes on
+    assert "○ 42-answer: not answered yet" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# Who sees a verdict how: a learner's Run All goes on; Validate and a strict build fail
+
+
+@pytest.fixture
+def self_study(tmp_path, monkeypatch):
+    """A self-study release folder (selfcheck.dat beside the notebook) as the working folder."""
+    monkeypatch.delenv(checks.KEYS_ENV, raising=False)
+    monkeypatch.delenv(checks.STRICT_ENV, raising=False)
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    (tmp_path / checks.SELFCHECK_FILE).write_text(checks.encode_selfcheck({BYTES.id: BYTES}))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("answer, shown", [
+    (..., "○ 99-bytes: not answered yet. Replace the ... with your answer in bytes."),
+    (9_633_792, "✘ 99-bytes: 4x too small: that is the number of elements."),
+    ("many", "✘ 99-bytes: your answer is the text 'many'"),
+    (38_535_168, "✔ 99-bytes: right (38,535,168 bytes)."),
+])
+def test_a_learner_sees_each_state_and_nothing_raises(self_study, capsys, answer, shown):
+    check("99-bytes", answer)
+    assert capsys.readouterr().out.startswith(shown)
+
+
+@pytest.mark.parametrize("answer, says", [(..., "not answered yet"), (9_633_792, "number of elements")])
+@pytest.mark.parametrize("env", [("NBGRADER_EXECUTION", "validate"), (checks.STRICT_ENV, "1")])
+def test_validate_and_strict_builds_raise_on_wrong_or_unanswered(self_study, monkeypatch, env,
+                                                                  answer, says):
+    monkeypatch.setenv(*env)
+    with pytest.raises(WrongAnswer, match=says):
+        check("99-bytes", answer)
+    check("99-bytes", 38_535_168)                    # a right answer passes Validate
+
+
+def test_validate_without_a_key_still_fails_unanswered_items(tmp_path, monkeypatch, capsys):
+    """The graded release has no key: Validate cannot judge a number, but it must not call an
+    untouched notebook a success."""
+    monkeypatch.delenv(checks.KEYS_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NBGRADER_EXECUTION", "validate")
+    with pytest.raises(WrongAnswer, match="not answered yet"):
+        check("42-answer", ...)
+    with pytest.raises(WrongAnswer, match="is None"):
+        check("42-answer", None)
+    check("42-answer", 41)
+    assert "recorded" in capsys.readouterr().out
+
+
+def test_in_ipython_the_verdict_is_a_styled_box_not_an_error(self_study, monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.get_ipython", lambda: object())
+    monkeypatch.setattr("IPython.display.display", lambda data, raw: shown.append(data))
+    check("99-bytes", 9_633_792)
+    html, = (d["text/html"] for d in shown)
+    assert 'class="gpulab-check gpulab-check-wrong"' in html and "number of elements" in html
+    assert shown[0]["text/plain"].startswith("✘ 99-bytes")
+
+
+@pytest.mark.parametrize("rel_tol, words", [
+    (0.005, "within 0.5%"), (0.0002, "within 0.02%"), (1e-5, "within 0.001%"),
+    (0.001, "within 0.1%"), (0.01, "within 1%"), (0.125, "within 12.5%"),
+])
+def test_small_tolerances_are_printed_with_their_digits(rel_tol, words):
+    item = Item("99-t", 100.0, "s", rel_tol=rel_tol)
+    assert words in judge(item, 100.0)
+    assert words in wrong(item, 100.0 * (1 + 3 * rel_tol))   # "close, but ..., needs within"
 
 
 def test_missing_key_for_chapter_in_grading_folder_is_an_error(tmp_path, monkeypatch):
