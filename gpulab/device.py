@@ -48,27 +48,42 @@ def physical_gpu(cuda_visible_devices: str | None, torch_index: int) -> int:
     return listed[torch_index]
 
 
-_COUNT_GPUS = """
-import os, sys, torch
-if sys.argv[2] == "late":
-    torch.cuda.device_count()          # the first CUDA call reads CUDA_VISIBLE_DEVICES...
-    if sys.argv[1] == "unset":
+def count_gpus_in_this_process(cuda_visible_devices: str | None, set_after_init: bool) -> int:
+    """What ``torch.cuda.device_count()`` says after CUDA_VISIBLE_DEVICES is set to
+    ``cuda_visible_devices`` (None: removed) in this process; with ``set_after_init``, only after
+    CUDA has been initialised. ``visible_gpu_count`` runs it in a fresh process.
+
+    Before CUDA is initialised, torch (2.13) answers ``device_count()`` from NVML and re-reads the
+    variable on every call, so a late change would still show. What is fixed once is CUDA's own
+    view: the driver reads the variable when CUDA initialises (``torch.cuda.init()``, or the first
+    tensor on a GPU). To show that, initialise CUDA first, then set the variable."""
+    if set_after_init and torch.cuda.is_available():
+        torch.cuda.init()              # CUDA starts here and reads CUDA_VISIBLE_DEVICES...
+    if cuda_visible_devices is None:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     else:
-        os.environ["CUDA_VISIBLE_DEVICES"] = sys.argv[1]   # ...so this comes too late
-print(torch.cuda.device_count())
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices  # ...so, late, this is ignored
+    return torch.cuda.device_count()
+
+
+_COUNT_GPUS = """
+import sys
+from gpulab.device import count_gpus_in_this_process
+value = None if sys.argv[1] == "unset" else sys.argv[1]
+print(count_gpus_in_this_process(value, set_after_init=sys.argv[2] == "late"))
 """
 
 
 def visible_gpu_count(cuda_visible_devices: str | None, set_after_init: bool = False) -> int:
     """``torch.cuda.device_count()`` in a fresh Python process run with CUDA_VISIBLE_DEVICES set to
     ``cuda_visible_devices`` (None: unset), either from the start or, with ``set_after_init``,
-    only after the process's first CUDA call. A subprocess because the variable is read once."""
+    only after the process has initialised CUDA. A subprocess because CUDA reads the variable
+    once per process."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     value = "unset" if cuda_visible_devices is None else cuda_visible_devices
     if not set_after_init and cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
-    elif set_after_init:
+    elif set_after_init:  # CUDA starts under our own setting; the child changes it afterwards
         env.update({k: v for k, v in os.environ.items() if k == "CUDA_VISIBLE_DEVICES"})
     result = subprocess.run([sys.executable, "-c", _COUNT_GPUS, value,
                              "late" if set_after_init else "early"],

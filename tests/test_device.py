@@ -337,3 +337,53 @@ def test_visible_gpu_count_runs_a_fresh_process(monkeypatch):
     assert visible_gpu_count("") == 0
     assert visible_gpu_count(None, set_after_init=True) == torch.cuda.device_count()
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+class FakeCuda:
+    """torch.cuda on a made-up 8-GPU machine, as torch 2.13 behaves (issue 13, finding 5): before
+    CUDA is initialised, device_count() asks NVML and honours CUDA_VISIBLE_DEVICES as it is now;
+    init() reads the variable once, and from then on the count is fixed."""
+
+    GPUS = 8
+
+    def __init__(self):
+        self.fixed = None  # the count CUDA saw when it initialised
+
+    def _count_now(self) -> int:
+        value = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return self.GPUS if value is None else len(
+            [e for e in value.split(",") if e.strip().isdigit()][:self.GPUS])
+
+    def is_available(self) -> bool:
+        return True
+
+    def init(self) -> None:
+        self.fixed = self._count_now()
+
+    def device_count(self) -> int:
+        return self._count_now() if self.fixed is None else self.fixed
+
+
+@pytest.mark.parametrize("value, late, expected", [
+    (None, False, 8), ("", False, 0), ("0", False, 1), ("2,3", False, 2),
+    ("", True, 8), ("0", True, 8),          # set after CUDA started: ignored
+])
+def test_the_probe_initialises_cuda_before_setting_the_variable_late(monkeypatch, value, late,
+                                                                     expected):
+    # A probe that only called device_count() before the change would see "" -> 0 here: the
+    # opposite of the lesson. Initialising CUDA first is what makes the late change too late.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")     # so that monkeypatch restores ours after
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(device.torch, "cuda", FakeCuda())
+    assert device.count_gpus_in_this_process(value, set_after_init=late) == expected
+
+
+def test_without_a_gpu_the_late_probe_does_not_try_to_start_cuda(monkeypatch):
+    # torch.cuda.init() raises on a machine without a GPU; the probe must not call it there.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    fake = FakeCuda()
+    fake.is_available = lambda: False
+    fake.init = lambda: pytest.fail("init() called without a GPU")
+    monkeypatch.setattr(device.torch, "cuda", fake)
+    assert device.count_gpus_in_this_process("", set_after_init=True) == 0
