@@ -1,0 +1,32 @@
+"""gpulab.predict: the learner's prediction beside the formula and the measurement."""
+import pytest
+
+from gpulab.predict import line
+
+
+def test_a_prediction_within_tolerance_prints_one_line_with_the_ratio():
+    text = line("copy (ms)", measured=1.02, formula=1.0, mine=1.0, tolerance=0.05)
+    assert text == ("copy (ms): your prediction 1 | formula 1 | measured 1.02 | "
+                    "measured/yours 1.020")
+
+
+def test_a_gap_over_tolerance_is_explained():
+    text = line("peak (MiB)", measured=74.0, formula=73.5, mine=73.5, tolerance=0.001,
+                gap="the allocator kept the block whole")
+    assert "gap over the ±0.1% tolerance: the allocator kept the block whole" in text
+    assert text.count("\n") == 1   # the formula is off too, so no "recheck your working"
+
+
+def test_a_wrong_prediction_is_told_apart_from_a_wrong_formula():
+    text = line("peak (MiB)", measured=128.3, formula=128.1, mine=64.0, tolerance=0.02, gap="g")
+    assert "measured/yours 2.005" in text and "recheck your own working" in text
+
+
+@pytest.mark.parametrize("mine", [None, ..., "12", float("nan"), True])
+def test_no_usable_prediction_falls_back_to_the_formula_and_says_so(mine):
+    text = line("bytes", measured=2.0, formula=2.0, mine=mine)
+    assert "none yet, the formula stands in" in text and "measured/formula 1.000" in text
+
+
+def test_large_numbers_print_with_thousands_separators():
+    assert "measured 77,594,624" in line("bytes", 77_594_624, 77_070_336, None, tolerance=0.01)
