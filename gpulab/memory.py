@@ -71,6 +71,73 @@ class MemoryPeak:
         return f"peak {self.peak / 2**20:.2f} MiB on {self.device} ({self.method}): {parts} MiB"
 
 
+# The CUDA caching allocator's size rules, default settings (PyTorch,
+# c10/cuda/CUDACachingAllocator.cpp: kSmallSize, kLargeBuffer, kMinLargeAlloc, kRoundLarge;
+# PyTorch docs, "CUDA semantics: memory management"). Chapter 01, Experiment 1.
+SMALL_REQUEST = 2**20          # up to 1 MiB: the small pool (2 MiB segments)
+MID_SEGMENT = 20 * 2**20       # 1-10 MiB: a 20 MiB segment
+LARGE_REQUEST = 10 * 2**20     # above 10 MiB: a segment of the request rounded up to 2 MiB
+LARGE_ROUNDING = 2 * 2**20
+
+
+def cuda_block_bytes(nbytes: int) -> int:
+    """Bytes ``torch.cuda.memory_allocated()`` counts for one tensor of ``nbytes`` when the
+    allocator takes a fresh segment for it (nothing cached fits, as for a first tensor of its size).
+
+    The request is rounded up to 512 bytes (``arith.allocator_bytes``). The allocator cuts the
+    tensor's block out of its segment only when enough is left over to be worth keeping: 512 bytes
+    in the small pool, but MORE THAN 1 MiB in the large pool. Otherwise the tensor gets the whole
+    segment, and the whole segment counts as allocated: a 73.5 MiB tensor in a 74 MiB segment
+    counts 74 MiB. (A tensor that reuses a larger cached block is split as long as more than 1 MiB
+    remains, so the figure also depends on what was freed before.)
+    """
+    block = allocator_bytes(nbytes)
+    if block <= SMALL_REQUEST:
+        return block
+    if block < LARGE_REQUEST:
+        segment = MID_SEGMENT
+    else:
+        segment = -(-block // LARGE_ROUNDING) * LARGE_ROUNDING
+    return block if segment - block > SMALL_REQUEST else segment
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What one tensor costs the allocator, in bytes: ``requested`` (the size asked for) and
+    ``allocated`` (the size of the block it got, as ``memory_allocated()`` counts it)."""
+
+    requested: int
+    allocated: int
+    device: str
+
+
+def _cuda_stat(device, name: str) -> int:
+    """One counter of the CUDA allocator; 0 before its first allocation (the dict is empty then)."""
+    return torch.cuda.memory_stats(device).get(name, 0)
+
+
+def allocation(make_tensor, device) -> Allocation:
+    """Allocate ``make_tensor()`` on ``device`` and read what the allocator counts for it.
+
+    CUDA: the changes in ``requested_bytes.all.current`` (sizes as asked for) and
+    ``allocated_bytes.all.current`` (= ``memory_allocated()``: whole blocks, see
+    ``cuda_block_bytes``). CPU: PyTorch keeps no allocation counter, so both are the size of the
+    tensor's storage, which is the formula shape x bytes per element by construction, not an
+    independent measurement. Chapter 01, Experiment 1.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        nbytes = make_tensor().untyped_storage().nbytes()
+        return Allocation(nbytes, nbytes, str(device))
+    requested = _cuda_stat(device, "requested_bytes.all.current")
+    allocated = _cuda_stat(device, "allocated_bytes.all.current")
+    tensor = make_tensor()
+    result = Allocation(_cuda_stat(device, "requested_bytes.all.current") - requested,
+                        _cuda_stat(device, "allocated_bytes.all.current") - allocated, str(device))
+    del tensor
+    return result
+
+
 class StorageTracker(TorchDispatchMode):
     """Bytes of live storages on one device type, by category, and their peak (see the module
     docstring)."""
@@ -193,13 +260,13 @@ def peak_memory(fn, device=None, *, model=None, optimizer=None, inputs=(),
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         baseline = torch.cuda.memory_allocated(device)
-        requested_baseline = torch.cuda.memory_stats(device)["requested_bytes.all.current"]
+        requested_baseline = _cuda_stat(device, "requested_bytes.all.current")
     with _category_hooks(tracker, model), tracker:
         fn()
     if on_cuda:
         torch.cuda.synchronize(device)
         peak = resident + torch.cuda.max_memory_allocated(device) - baseline
-        requested = (resident + torch.cuda.memory_stats(device)["requested_bytes.all.peak"]
+        requested = (resident + _cuda_stat(device, "requested_bytes.all.peak")
                      - requested_baseline)
         method = "CUDA allocator, max_memory_allocated above a warm baseline"
     else:

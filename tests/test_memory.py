@@ -244,3 +244,57 @@ def test_cuda_allocator_agrees_with_tracker_and_prediction(case):
     predicted = predict_training_memory(cfg, batch, seq_len, dtype, opt, ckpt)
     assert relative_error(measured.tracked_peak, measured.peak) <= 0.01, measured
     assert relative_error(predicted["peak"], measured.peak) <= TOLERANCE, measured
+
+
+# ------------------------------------------------------------------------------------------
+# The CUDA allocator's block sizes (chapter 01, Experiment 1; issue 13, finding 6)
+
+from gpulab import memory  # noqa: E402
+from gpulab.memory import Allocation, allocation, cuda_block_bytes  # noqa: E402
+
+BATCH = 64 * 3 * 224 * 224   # chapter 01's image batch, in elements
+
+
+@pytest.mark.parametrize("bytes_per_element, block", [
+    (8, 74 * MiB),              # 73.5 MiB in a 74 MiB segment: 0.5 MiB left, not split off
+    (4, BATCH * 4),             # 36.75 MiB in a 38 MiB segment: 1.25 MiB left, split off
+    (2, BATCH * 2),             # 18.375 MiB in a 20 MiB segment: 1.625 MiB left, split off
+    (1, BATCH),                 # 9.19 MiB: a 20 MiB segment, split
+])
+def test_block_of_chapter_01s_batch_in_a_fresh_segment(bytes_per_element, block):
+    assert cuda_block_bytes(BATCH * bytes_per_element) == block
+
+
+def test_small_blocks_round_to_512_bytes_and_large_ones_keep_an_unsplittable_rest():
+    assert cuda_block_bytes(4000) == 4096
+    assert cuda_block_bytes(MiB) == MiB                        # small pool, exact
+    assert cuda_block_bytes(9 * MiB + 1) == 9 * MiB + 512      # 20 MiB segment, split
+    assert cuda_block_bytes(11 * MiB) == 12 * MiB              # 1 MiB left: not MORE than 1 MiB
+    assert cuda_block_bytes(11 * MiB - 512) == 11 * MiB - 512  # 1 MiB + 512 left: split off
+
+
+def test_on_a_cpu_the_allocation_is_the_storage_size_by_construction():
+    a = allocation(lambda: torch.empty(1000, dtype=torch.float64), "cpu")
+    assert a == Allocation(8000, 8000, "cpu")
+
+
+class FakeCudaAllocator:
+    """The two counters allocation() reads, for a tensor that gets a whole 74 MiB segment."""
+
+    def __init__(self):
+        self.stats = {}   # empty before the first allocation, as torch.cuda.memory_stats is
+
+    def memory_stats(self, device):
+        return dict(self.stats)
+
+    def allocate(self, requested, block):
+        self.stats = {"requested_bytes.all.current": requested,
+                      "allocated_bytes.all.current": block}
+        return object()
+
+
+def test_on_cuda_requested_and_allocated_bytes_are_read_separately(monkeypatch):
+    fake = FakeCudaAllocator()
+    monkeypatch.setattr(memory.torch, "cuda", fake)
+    got = allocation(lambda: fake.allocate(BATCH * 8, 74 * MiB), "cuda")
+    assert (got.requested, got.allocated) == (BATCH * 8, 74 * MiB)
