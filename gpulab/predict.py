@@ -41,7 +41,10 @@ def line(what: str, measured: float, formula: float, mine=None, tolerance: float
     """
     given = _as_prediction(mine)
     reference = formula if given is None else given
-    ratio = measured / reference if reference else math.inf
+    if measured == reference:
+        ratio = 1.0                 # also 0 GPUs predicted and 0 found
+    else:
+        ratio = measured / reference if reference else math.inf
     yours = ("your prediction: none yet, the formula stands in" if given is None
              else f"your prediction {_number(given)}")
     lines = [f"{what}: {yours} | formula {_number(formula)} | measured {_number(measured)} | "

@@ -30,3 +30,7 @@ def test_no_usable_prediction_falls_back_to_the_formula_and_says_so(mine):
 
 def test_large_numbers_print_with_thousands_separators():
     assert "measured 77,594,624" in line("bytes", 77_594_624, 77_070_336, None, tolerance=0.01)
+
+
+def test_zero_predicted_and_zero_measured_agree():
+    assert line("GPUs", 0, 0, 0).endswith("measured/yours 1.000")
