@@ -541,15 +541,38 @@ def sqrt_segment_size(n_layer: int) -> int:
     recompute one segment at a time during backward (k layers' activations alive): memory
     ~ L/k + k, smallest at k = √L, so O(√L) memory for one extra forward. That count gives a
     kept input and a layer's activations the same size. In a transformer block the activations
-    A are 16-34 times the input S (``activation_bytes_per_layer``), and (L/k)·S + k·A is
-    smallest at k = √(L·S/A), which is 1 unless L is in the dozens: compare
-    ``best_segment_size``, which asks ``predict_training_memory``. Chapter 05.
+    A are 17 times the input S with Korthikanti et al.'s 34·s·b·h (16 without dropout; more
+    with the attention scores stored), and (L/k)·S + k·A is smallest at k ≈ √(L·S/A)
+    (``segment_activation_bytes``): 1 for shallow models, 2 past 34 layers with fused
+    attention. Compare ``best_segment_size``, which asks ``predict_training_memory``. Chapter 05.
 
     >>> [sqrt_segment_size(L) for L in (1, 4, 12, 32, 96)]
     [1, 2, 3, 6, 10]
     """
     check_positive_integers(n_layer=n_layer)
     return max(1, round(math.sqrt(n_layer)))
+
+
+def segment_activation_bytes(n_layer: int, k: int, input_bytes: float,
+                             block_bytes: float) -> float:
+    """Activation memory with segments of k blocks in Chen et al.'s model: (L/k)·S + k·A.
+
+    Forward keeps the L/k segment inputs (S bytes each); backward rebuilds one segment at a time,
+    k blocks of A bytes. Setting the derivative to zero gives the best k ≈ √(L·S/A), and k + 1
+    keeps less than k once L/k − L/(k+1) > A/S, i.e. L > k·(k+1)·A/S: segments of 2 beat
+    segments of 1 past L = 2·A/S layers. For a transformer block A/S = 17 with Korthikanti et
+    al.'s 34·s·b·h and S = 2·s·b·h (``activation_bytes_per_layer``), more with the attention
+    scores stored: k = 2 wins past 34 layers with fused attention. Source: Chen, Xu, Zhang,
+    Guestrin 2016, "Training Deep Nets with Sublinear Memory Cost", §4.1 (there S = A: k = √L).
+    The measured peak adds weights, gradients and backward's temporaries
+    (``predict_training_memory``). Chapter 05, "Checkpointing granularity".
+
+    >>> segment_activation_bytes(34, 1, 2, 34) == segment_activation_bytes(34, 2, 2, 34)
+    True
+    """
+    check_positive_integers(n_layer=n_layer, k=k)
+    _positive(input_bytes=input_bytes, block_bytes=block_bytes)
+    return n_layer / k * input_bytes + k * block_bytes
 
 
 def best_segment_size(config, batch_size: int, seq_len: int,
@@ -671,8 +694,6 @@ LINKS: dict[str, float] = {
     # NVIDIA A100 datasheet: NVLink 3, 12 links, 600 GB/s total = 300 GB/s per direction
     "NVLink 3 (A100)": 300e9,
     # NVIDIA H100 SXM datasheet: NVLink 4, 18 links, 900 GB/s total = 450 GB/s per direction.
-    # formulas.md ("Published hardware figures") quotes about 370 GB/s measured effective per
-    # direction on H100 against these 450 claimed.
     "NVLink 4 (H100)": 450e9,
     # NVIDIA ConnectX-7 / Quantum-2: NDR 400 Gb/s per port = 50 GB/s per direction
     "InfiniBand NDR 400Gb/s": 50e9,
@@ -859,7 +880,8 @@ def zero_bytes_per_gpu(n_params: float, n_gpus: int, stage: int,
     return per_param * n_params
 
 
-def zero_comm_bytes(n_params: float, stage: int, bytes_per_value: int = 2) -> float:
+def zero_comm_bytes(n_params: float, stage: int, bytes_per_value: int = 2,
+                    n_gpus: int | None = None) -> float:
     """Bytes each GPU sends per training step under ZeRO stage ``stage`` (Rajbhandari et al.
     2020, §7, "Communication analysis of ZeRO-DP").
 
@@ -869,19 +891,24 @@ def zero_comm_bytes(n_params: float, stage: int, bytes_per_value: int = 2) -> fl
     backward, and gradients reduce-scattered. Returns values × ``bytes_per_value`` (2 for the
     16-bit gradients and parameters of mixed precision).
 
-    This is the paper's asymptotic "≈ 2Ψ": the exact ring volume is 2(N−1)/N·Ψ for N ranks
-    (``allreduce_seconds``), which tends to 2Ψ as N grows; likewise 3(N−1)/N·Ψ for stage 3.
-    Worked example: 7.5B parameters in bf16: 30 GB per step for stages 0-2, 45 GB for stage 3.
-    Chapter 06, "ZeRO".
+    Without ``n_gpus`` this is the paper's asymptotic "≈ 2Ψ"; with it, the exact ring volume
+    2(N−1)/N·Ψ for N ranks (``allreduce_seconds``), likewise 3(N−1)/N·Ψ for stage 3.
+    Worked example: 7.5B parameters in bf16: 30 GB per step for stages 0-2, 45 GB for stage 3;
+    on N = 64 GPUs exactly 63/64 of that, 44.3 GB. Chapter 06, "ZeRO".
 
     >>> zero_comm_bytes(7.5e9, 0) / 1e9, zero_comm_bytes(7.5e9, 3) / 1e9
     (30.0, 45.0)
+    >>> round(zero_comm_bytes(7.5e9, 3, n_gpus=64) / 1e9, 4)
+    44.2969
     """
     _positive(n_params=n_params)
     if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"stage must be 0, 1, 2 or 3; got {stage!r}")
     check_positive_integers(bytes_per_value=bytes_per_value)
     values = 3 * n_params if stage == 3 else 2 * n_params
+    if n_gpus is not None:
+        check_positive_integers(n_gpus=n_gpus)
+        values *= (n_gpus - 1) / n_gpus
     return values * bytes_per_value
 
 

@@ -233,3 +233,44 @@ def test_measured_rates_stay_under_the_datasheet():
     assert 0.1 * spec.bf16_flops < mm.flops_per_second <= spec.bf16_flops
     copy = measure.elementwise_throughput(2**28, torch.float32, "cuda")
     assert 0.3 * spec.memory_bandwidth < copy.bytes_per_second <= spec.memory_bandwidth
+
+
+# ---------------------------------------------------------------------------- predict, then measure
+
+
+def test_compare_prints_the_learners_prediction_beside_the_formula(capsys):
+    from gpulab.predictions import compare
+
+    ratio = compare("step time", measured=0.48, formula=0.31, yours=0.4, unit="s", tolerance=0.25,
+                    gap="the formula leaves out overhead")
+    out = capsys.readouterr().out
+    assert ratio == pytest.approx(1.2)
+    assert "your prediction" in out and "0.4" in out and "0.31" in out and "measured / yours" in out
+    assert "holds" in out and "overhead" not in out and "stands in" not in out
+
+
+def test_compare_without_a_prediction_falls_back_to_the_formula_and_explains_a_gap(capsys):
+    from gpulab.predictions import compare
+
+    ratio = compare("tiny adds", measured=883.0, formula=1.0, yours=None, tolerance=0.5,
+                    gap="each op pays a fixed cost")
+    out = capsys.readouterr().out
+    assert ratio == 883.0
+    assert "formula stands in" in out and "measured / formula" in out
+    assert "more than a factor 1.5" in out and "each op pays a fixed cost" in out
+
+
+@pytest.mark.parametrize("ratio, inside", [(1.0, True), (1.25, True), (0.8, True), (1.26, False),
+                                           (0.79, False)])
+def test_tolerance_is_a_factor_either_way(ratio, inside):
+    from gpulab.predictions import ratio_is_within
+
+    assert ratio_is_within(ratio, 0.25) is inside
+
+
+@pytest.mark.parametrize("yours", ["300", float("nan"), True])
+def test_a_prediction_that_is_not_a_number_is_named(yours):
+    from gpulab.predictions import compare
+
+    with pytest.raises(TypeError, match="your prediction"):
+        compare("x", 1.0, 1.0, yours)
