@@ -3,9 +3,12 @@
 Timing a GPU naively is wrong: CUDA kernels are queued and run asynchronously, so a wall clock
 read right after the call measures how long it took to *queue* the work. ``time_fn`` therefore
 
-1. warms up first (the first calls pay for CUDA context creation, cuBLAS handles, caches),
-2. on CUDA, records CUDA events around each call and synchronises before reading them
-   (PyTorch docs, "CUDA semantics: asynchronous execution"),
+1. warms up first (the first calls pay for CUDA context creation, cuBLAS handles and
+   workspaces, loading each kernel on its first use (CUDA's lazy module loading), caches),
+   then waits until the device is idle, so that no earlier work runs into the timed region,
+2. on CUDA, records CUDA events around each call, on the stream of the device being timed, and
+   synchronises on the end event before reading them (PyTorch docs, "CUDA semantics:
+   asynchronous execution"),
 3. repeats and reports the median with the spread, because single runs are noisy.
 
 On a CPU the operations are synchronous and ``time.perf_counter`` is right.
@@ -18,6 +21,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from gpulab.memory import allocation
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,12 @@ def synchronize(device: torch.device | str) -> None:
 
 
 def time_fn(fn, device: torch.device | str, warmup: int = 2, repeats: int = 10) -> Timing:
-    """Time ``fn()`` on ``device``: warm-up, then ``repeats`` timed runs (CUDA events on a GPU)."""
+    """Time ``fn()`` on ``device``: warm-up, then ``repeats`` timed runs (CUDA events on a GPU).
+
+    The device is idle when each timed run starts: after the warm-up by a synchronize, after a
+    timed run because its end event was waited for. ``fn`` must queue its work on the device's
+    current stream (as PyTorch ops do unless told otherwise).
+    """
     device = torch.device(device)
     for _ in range(warmup):
         fn()
@@ -57,10 +67,13 @@ def time_fn(fn, device: torch.device | str, warmup: int = 2, repeats: int = 10) 
     samples = []
     for _ in range(repeats):
         if device.type == "cuda":
+            # The events go on `device`'s stream: Event.record() without one uses the current
+            # device's, which is another GPU's when `device` is not the current one.
+            stream = torch.cuda.current_stream(device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(stream)
             fn()
-            end.record()
+            end.record(stream)
             end.synchronize()
             samples.append(start.elapsed_time(end) / 1e3)  # elapsed_time is in milliseconds
         else:
@@ -112,22 +125,17 @@ def host_copy_bandwidth(n_bytes: int, device: torch.device | str, pinned: bool,
 
 
 def allocated_bytes(make_tensor, device: torch.device | str) -> int:
-    """Bytes the device's allocator hands out for the tensor that ``make_tensor()`` returns.
+    """Bytes the device's allocator counts for the tensor that ``make_tensor()`` returns.
 
-    On CUDA: the change in ``torch.cuda.memory_allocated`` (includes the 512-byte rounding of the
-    caching allocator). On a CPU PyTorch keeps no such counter, so we read the size of the
-    tensor's storage, which is what the allocator was asked for.
+    On CUDA: the change in ``torch.cuda.memory_allocated``, i.e. the size of the block the
+    tensor got: the request rounded up to 512 bytes, or, above 1 MiB, possibly a whole segment
+    (the allocator keeps a block whole unless more than 1 MiB would be left over:
+    ``memory.cuda_block_bytes``). The counter changes on the host when the block is handed out,
+    so no synchronize is needed. On a CPU PyTorch keeps no such counter, so we read the size of
+    the tensor's storage, which is what the allocator was asked for. Both figures, requested and
+    allocated: ``memory.allocation``.
     """
-    device = torch.device(device)
-    if device.type == "cuda":
-        synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        tensor = make_tensor()
-        synchronize(device)
-        used = torch.cuda.memory_allocated(device) - before
-        del tensor
-        return used
-    return make_tensor().untyped_storage().nbytes()
+    return allocation(make_tensor, device).allocated
 
 
 # ------------------------------------------------------------------------------------------
@@ -327,9 +335,9 @@ def training_step_throughput(config: GPTConfig | None = None, batch_size: int = 
                              optimizer: str = "adamw", steps: int = 3) -> dict:
     """Tokens per second and FLOP/s of full training steps of ``GPT(config)``.
 
-    One warm-up step (it creates the optimizer's state), then ``steps`` timed steps
-    (``gpulab.memory.train_step``: forward, backward, optimizer step, zero grads; the model
-    built in ``dtype``). Returns a dict:
+    Warm-up steps (one on a CPU, two on a GPU: ``training_step_timing`` says why), then
+    ``steps`` timed steps (``gpulab.memory.train_step``: forward, backward, optimizer step, zero
+    grads; the model built in ``dtype``). Returns a dict:
 
     - ``seconds_per_step``: the median step; ``tokens_per_step`` = batch_size · seq_len
     - ``tokens_per_second`` = tokens_per_step / seconds_per_step
@@ -447,10 +455,16 @@ def training_step_timing(config: GPTConfig | None = None, batch_size: int = 8,
                          seq_len: int = 128, dtype=torch.float32, optimizer: str = "adamw",
                          checkpointing: bool | int = False, device=None, steps: int = 3,
                          micro_batches: int = 1) -> Timing:
-    """Time full training steps of ``GPT(config, checkpointing=...)``: one warm-up step (it
-    creates the optimizer's state), then ``steps`` timed ones (``gpulab.memory.train_step``,
-    with ``micro_batches`` > 1 for gradient accumulation). Returns the ``Timing``; look at its
-    spread before trusting the median on a busy CPU. Chapter 05, "What recomputation costs".
+    """Time full training steps of ``GPT(config, checkpointing=...)``: warm-up steps, then
+    ``steps`` timed ones (``gpulab.memory.train_step``, with ``micro_batches`` > 1 for gradient
+    accumulation). Returns the ``Timing``; look at its spread before trusting the median on a
+    busy CPU. Chapter 05, "What recomputation costs".
+
+    Warm-up: the first step creates the optimizer's state (and on a GPU the cuBLAS handle and
+    workspace, and loads each kernel on first use). On a GPU a second warm-up step: it is the
+    first to hold that state through forward and backward, so its peak is higher and the caching
+    allocator grows its cache with cudaMalloc, which is slow and synchronises the device; from
+    the third step on, every block comes from the cache.
     """
     config = config if config is not None else GPTConfig()
     arith.check_positive_integers(batch_size=batch_size, seq_len=seq_len, steps=steps,
@@ -466,7 +480,7 @@ def training_step_timing(config: GPTConfig | None = None, batch_size: int = 8,
     idx = torch.randint(config.vocab_size, (batch_size, seq_len), device=device)
     targets = torch.randint(config.vocab_size, (batch_size, seq_len), device=device)
     return time_fn(lambda: train_step(model, opt, idx, targets, micro_batches), device,
-                   warmup=1, repeats=steps)
+                   warmup=2 if device.type == "cuda" else 1, repeats=steps)
 
 
 def step_seconds(config: GPTConfig | None = None, batch_size: int = 8, seq_len: int = 128,
