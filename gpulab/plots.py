@@ -7,6 +7,7 @@ line or a note before the figure is shown.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib import ticker
 
 
 def bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title: str,
@@ -36,12 +37,19 @@ def by_size(sizes: list[float], series: dict[str, list[float]], xlabel: str, yla
     for name, values in series.items():
         ax.plot(sizes, values, marker="o", label=name)
     ax.set_xscale("log")
-    ax.set_ylim(bottom=0)  # a rate axis that starts at zero does not exaggerate differences
+    # A tick at each measured size, written out (1, 4, 16, 64), not only at the powers of ten
+    # (a 1-64 range would show just 10^0 and 10^1).
+    ax.set_xticks(sizes, [f"{size:g}" for size in sizes])
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    # A rate axis that starts at zero does not exaggerate differences; the top quarter is
+    # headroom for the legend, so that it never covers a curve.
+    highest = max((v for values in series.values() for v in values), default=0.0)
+    ax.set_ylim(0, 1.35 * highest if highest > 0 else 1.0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", fontsize=8, ncol=min(len(series), 2))
     fig.tight_layout()
     return ax
 
@@ -72,15 +80,32 @@ def stacked_memory_bar(breakdown: dict[str, float], cards: dict[str, float] | No
     cards = cards or {}
     fitting = [gb for gb in cards.values() if gb >= bottom]
     top = 1.1 * max(bottom, min(fitting, default=0))
-    for label, gb in cards.items():
-        if gb <= top:
-            ax.axhline(gb, color="gray", ls="--", lw=1)
-            ax.text(0.3, gb, label, va="bottom", fontsize=8)
+    shown = sorted((gb, label) for label, gb in cards.items() if gb <= top)
+    for gb, _ in shown:
+        ax.axhline(gb, color="gray", ls="--", lw=1)
+    for group in _crowded_groups(shown, min_gap=0.07 * top):
+        # Lines closer than a label's height share one label, at the group's top line, so the
+        # labels do not overlap when a large total squeezes the cards together.
+        gb = group[-1][0]
+        label = group[0][1] if len(group) == 1 else (
+            ", ".join(f"{g:g}" for g, _ in group) + " GB cards")
+        ax.text(0.3, gb, label, va="bottom", fontsize=8)
     ax.set(xlim=(-0.5, 1.4), ylim=(0, top), xticks=[], title=title,
            ylabel="memory per GPU (GB = 10^9 bytes)")
     handles, names = ax.get_legend_handles_labels()  # reversed: the legend reads like the stack
     ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return ax
+
+
+def _crowded_groups(lines: list[tuple[float, str]], min_gap: float) -> list[list[tuple[float, str]]]:
+    """Sorted (height, label) lines split into runs whose neighbours are closer than min_gap."""
+    groups: list[list[tuple[float, str]]] = []
+    for line in lines:
+        if groups and line[0] - groups[-1][-1][0] < min_gap:
+            groups[-1].append(line)
+        else:
+            groups.append([line])
+    return groups
 
 
 def stacked_bars(labels: list[str], stacks: dict[str, dict[str, list[float]]], ylabel: str,

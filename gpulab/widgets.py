@@ -139,7 +139,9 @@ class MemoryCalculator(w.VBox):
             "zero_stage": w.ToggleButtons(options=ZERO_STAGES, description="ZeRO stage"),
         }
         self.summary = w.HTML()
-        self.plot = w.Image(format="png", layout=w.Layout(width="490px"))
+        # The PNG's own size (_png: 5.4 x 3.6 in at 90 dpi), so the browser does not stretch it.
+        self.plot = w.Image(format="png", layout=w.Layout(width=f"{PLOT_PX[0]}px",
+                                                          height=f"{PLOT_PX[1]}px"))
         self.breakdown: dict[str, float] | None = None
         self._applying_preset = False
         c["preset"].observe(self._on_preset, names="value")
@@ -150,8 +152,15 @@ class MemoryCalculator(w.VBox):
                 control.observe(lambda _change: self.update(), names="value")
         for control in c.values():  # room for the longer labels in the browser
             control.style.description_width = "110px"
+        for name in ("seq_len", "micro_batch", "n_gpus"):
+            # A track about 280 px long: micro-batch moves about 4 px per step, not 1 to 29 in
+            # one small drag as on ipywidgets' default 94 px track.
+            c[name].layout.width = "440px"
+            c[name].continuous_update = False   # redraw once when the handle is let go
         left = w.VBox(list(c.values()))
-        super().__init__([w.HBox([left, self.plot]), self.summary])
+        # Top-aligned: stretched to the controls' height, the image would be distorted.
+        super().__init__([w.HBox([left, self.plot], layout=w.Layout(align_items="flex-start")),
+                          self.summary])
         self.update()
 
     def _on_preset(self, change) -> None:
@@ -232,10 +241,14 @@ def _summary_html(breakdown: dict[str, float], n_params: float) -> str:
             "CUDA context (0.5-1 GiB), temporary buffers, fragmentation.</p>")
 
 
+PLOT_INCHES, PLOT_DPI = (5.4, 3.6), 90
+PLOT_PX = (round(PLOT_INCHES[0] * PLOT_DPI), round(PLOT_INCHES[1] * PLOT_DPI))   # 486 x 324
+
+
 def _png(breakdown: dict[str, float], title: str) -> bytes:
-    fig = Figure(figsize=(5.4, 3.6))  # not pyplot: nothing is left open or shown twice
+    fig = Figure(figsize=PLOT_INCHES)  # not pyplot: nothing is left open or shown twice
     plots.stacked_memory_bar(breakdown, title=title, ax=fig.subplots())
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=PLOT_DPI)
     return buf.getvalue()

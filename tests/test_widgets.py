@@ -5,6 +5,7 @@ Figure 1, Korthikanti et al. 2022), so a unit slip or a wrong sharding rule fail
 No GPU and no browser needed: the widget is built and driven by setting control values.
 """
 
+import io
 import re
 
 import matplotlib
@@ -226,3 +227,43 @@ def test_widget_shows_the_error_instead_of_a_traceback():
     assert calc.breakdown is not None and calc.plot.layout.visibility == "visible"
     calc.controls["n_layer"].value = 0
     assert "n_layer must be a positive integer" in calc.summary.value
+
+
+def test_crowded_card_lines_share_one_label():
+    """A total far above every card squeezes 24-141 GB into the bottom of the axis: their labels
+    must not be drawn on top of each other."""
+    m = estimate_memory(n_params=70e9, micro_batch=8, **GPT2)     # about 1.1 TB
+    ax = plots.stacked_memory_bar(m, title="t")
+    lines = sorted(line.get_ydata()[0] for line in ax.get_lines())
+    assert lines == [24, 40, 80, 141]
+    heights = sorted(text.get_position()[1] for text in ax.texts)
+    gap = 0.07 * ax.get_ylim()[1]
+    assert all(b - a >= gap for a, b in zip(heights, heights[1:])), heights
+    assert any("24, 40" in text.get_text() for text in ax.texts)
+    plt.close(ax.figure)
+
+
+def test_widget_image_is_drawn_at_its_own_size_and_sliders_are_wide():
+    from PIL import Image as PILImage   # matplotlib's own dependency
+
+    calc = memory_calculator()
+    width, height = PILImage.open(io.BytesIO(calc.plot.value)).size
+    assert (f"{width}px", f"{height}px") == (calc.plot.layout.width, calc.plot.layout.height)
+    slider = calc.controls["micro_batch"]
+    track = int(slider.layout.width.removesuffix("px")) - int(
+        slider.style.description_width.removesuffix("px"))
+    assert track / (slider.max - slider.min) >= 4      # px per step of micro-batch
+    assert calc.children[0].layout.align_items == "flex-start"
+
+
+def test_by_size_ticks_every_size_and_keeps_the_legend_above_the_curves():
+    sizes = [1, 4, 16, 64]
+    ax = plots.by_size(sizes, {"pageable": [5, 9, 11, 12], "pinned": [8, 14, 20, 24]},
+                       xlabel="MiB", ylabel="GB/s", title="t")
+    ax.figure.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "4", "16", "64"]
+    legend = ax.get_legend().get_window_extent()
+    for line in ax.get_lines():
+        points = ax.transData.transform(line.get_xydata())
+        assert not any(legend.contains(x, y) for x, y in points), line.get_label()
+    plt.close(ax.figure)
