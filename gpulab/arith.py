@@ -448,6 +448,29 @@ def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     return flops / bytes_moved
 
 
+def attention_bytes(batch: int, heads: int, seq_len: int, head_dim: int,
+                    bytes_per_value: int = 2, fused: bool = False) -> int:
+    """Bytes causal attention's forward moves to and from memory, at least.
+
+    Both read q, k, v and write the output: 4·b·a·s·d·p. The naive chain
+    (``gpulab.measure.naive_attention``) also passes over the (b, a, s, s) scores 8 times:
+    q·kᵀ writes them (1), the scale and the mask each read and write them (4), softmax reads
+    and writes them (2), the product with v reads them (1); the s×s boolean mask itself is
+    left out. A fused kernel keeps the scores in on-chip memory and moves only q, k, v and the
+    output (FlashAttention re-reads k and v about s·d/M times for on-chip memory M, so this is
+    its lower bound). Sources: Dao et al. 2022, "FlashAttention", §3.2 (standard attention
+    Θ(s·d + s²) HBM accesses, FlashAttention Θ(s²·d²/M)); Williams et al. 2009 (roofline).
+    Chapter 03, "Why a fused kernel wins".
+
+    >>> attention_bytes(1, 1, 1024, 64, 2, fused=False) - attention_bytes(1, 1, 1024, 64, 2, fused=True)
+    16777216
+    """
+    check_positive_integers(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim,
+                            bytes_per_value=bytes_per_value)
+    qkvo = 4 * batch * heads * seq_len * head_dim * bytes_per_value
+    return qkvo if fused else qkvo + 8 * batch * heads * seq_len**2 * bytes_per_value
+
+
 def critical_intensity(peak_flops_per_second: float, bandwidth: float) -> float:
     """The roofline's ridge point: peak FLOP/s / memory bandwidth, in FLOPs per byte.
 

@@ -10,7 +10,8 @@ which prints
 
     step time (s)      your prediction    formula   measured   measured / yours
                                   0.35       0.31       0.48               1.37
-    more than a factor 1.25 from the prediction: the formula counts matmul FLOPs only; ...
+    The measurement is more than a factor 1.25 from your prediction.
+    The measurement is more than a factor 1.25 from the formula: the formula counts matmul ...
 
 An unanswered prediction (``yours=None``) falls back to the formula, and the output says so.
 """
@@ -38,9 +39,9 @@ def compare(what: str, measured: float, formula: float, yours: float | None = No
     """Print "your prediction | formula | measured | measured / prediction" and return that ratio.
 
     ``yours`` is the learner's prediction, or None when they made none: then the formula stands
-    in for it and a line says so. When the ratio falls outside ``tolerance`` (0.25: within a
-    factor 1.25 either way, see ``ratio_is_within``), the line ``gap`` explains what the
-    prediction leaves out; otherwise the output says the prediction holds.
+    in for it and a line says so. A verdict follows for your prediction and for the formula,
+    each within ``tolerance`` of the measurement or not (0.25: within a factor 1.25 either way,
+    ``ratio_is_within``); when the formula is off, ``gap`` explains what it leaves out.
     """
     measured, formula = _number(measured, "measured"), _number(formula, "formula")
     tolerance = _number(tolerance, "tolerance")
@@ -61,8 +62,12 @@ def compare(what: str, measured: float, formula: float, yours: float | None = No
         print("You wrote no prediction, so the formula stands in for it. Write yours in the "
               "prediction cell and rerun: the point is to test your own model.")
     factor = f"a factor {1 + tolerance:.3g}"
-    if ratio_is_within(ratio, tolerance):
-        print(f"within {factor} of the prediction: it holds here.")
+    if yours is not None:
+        print(f"The measurement is {'within' if ratio_is_within(ratio, tolerance) else 'more than'} "
+              f"{factor} {'of' if ratio_is_within(ratio, tolerance) else 'from'} your prediction.")
+    formula_ratio = measured / formula
+    if ratio_is_within(formula_ratio, tolerance):
+        print(f"The formula holds here: the measurement is within {factor} of it.")
     else:
-        print(f"more than {factor} from the prediction" + (f": {gap}" if gap else "."))
+        print(f"The measurement is more than {factor} from the formula" + (f": {gap}" if gap else "."))
     return ratio
