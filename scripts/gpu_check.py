@@ -8,8 +8,9 @@ then the GPU-only tests. It is the only place the course's GPU figures come from
 
 The report is rewritten after every chapter, so a run cut short still leaves one. A failing cell
 does not stop its chapter (later cells run and their errors are recorded too) and a chapter that
-fails does not stop the run. Each chapter's cells get `--chapter-timeout` seconds in all; when
-they are spent the kernel is killed and the chapter is reported as timed out.
+fails does not stop the run. Each chapter's cells get `--chapter-timeout` seconds in all, plus
+what the chapters before it left unused (a kernel's start, limited to 60 s, is not counted);
+when they are spent the kernel is killed and the chapter is reported as timed out.
 
 The footprint is what the learner holds on a shared GPU: the used memory the driver (NVML)
 reports for the chapter's kernel and all its child processes (chapter 06's ranks), sampled every
@@ -44,7 +45,7 @@ sys.path.insert(0, str(ROOT))  # gpulab, when run as a script from anywhere
 from gpulab.footprint import FootprintSampler, process_tree  # noqa: E402
 
 BUDGET_BYTES = 4 * 2**30          # the course's GPU memory budget per learner (GiB = 2^30 bytes)
-CHAPTER_TIMEOUT_S = 60            # six chapters, their kernel starts and the GPU tests in ~8 min
+CHAPTER_TIMEOUT_S = 70            # six chapters, their kernel starts and the GPU tests: ~8 min
 GPU_TESTS_TIMEOUT_S = 45
 KERNEL_START_TIMEOUT_S = 60
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -57,7 +58,9 @@ class ChapterResult:
     chapter: str
     notebook: str
     status: str = "not run"       # ok | errors | timed out | kernel died | failed
-    seconds: float = 0.0
+    limit_s: float = 0.0          # seconds its cells were allowed
+    cells_seconds: float = 0.0    # seconds its cells took
+    seconds: float = 0.0          # seconds it took, the kernel's start and end included
     errors: list[dict] = field(default_factory=list)
     slowest_cells: list[dict] = field(default_factory=list)
     experiments: list[dict] = field(default_factory=list)
@@ -121,16 +124,16 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    result = ChapterResult(path.parent.name, f"{path.parent.name}/{path.name}")
+    result = ChapterResult(path.parent.name, f"{path.parent.name}/{path.name}", limit_s=timeout)
     sampler = None
     if nvml is not False:
         try:
             sampler = FootprintSampler(os.getpid(), include_root=False, interval=interval,
                                        nvml=nvml).start()
         except Exception as error:  # noqa: BLE001 (no NVML: the chapter still runs)
-            result.footprint = {"peak_bytes": None, "note": f"not measured: {error!r}"}
+            result.footprint = {"peak_bytes": None, "note": f"NVML: {error!r}"}
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, allow_errors=True, shutdown_kernel="immediate",
+    client = NotebookClient(nb, timeout=max(1, math.ceil(timeout)), allow_errors=True, shutdown_kernel="immediate",
                             startup_timeout=KERNEL_START_TIMEOUT_S, record_timing=True,
                             resources={"metadata": {"path": str(path.parent)}})
     cell_seconds: list[tuple[float, int]] = []
@@ -153,7 +156,7 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
                         result.status = "timed out"
                         result.errors.append({
                             **_cell_label(cell, index), "ename": "TimeoutError",
-                            "evalue": f"the chapter's {timeout:g} s were spent by this cell; "
+                            "evalue": f"the chapter's {timeout:.0f} s were spent by this cell; "
                                       f"the kernel was killed"})
                         break
                     finally:
@@ -169,6 +172,7 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
         result.errors.append({"cell": None, "ename": type(error).__name__,
                               "evalue": ANSI.sub("", str(error))[:2000]})
     result.seconds = time.monotonic() - start
+    result.cells_seconds = sum(s for s, _ in cell_seconds)
     result.leftover_processes_killed = _kill_leftovers(
         leftovers & (process_tree(os.getpid()) - {os.getpid()}))
     if sampler is not None:
@@ -240,8 +244,8 @@ def markdown(report: dict) -> str:
              f"{_gib(f.get('memory_bytes'))}; {f.get('gpus', '?')} GPU(s) on the host)",
              f"- driver {f.get('driver')} (CUDA {f.get('driver_cuda', '?')}); torch {f['torch']} "
              f"built for CUDA {f['torch_cuda']}; Python {f['python']}",
-             f"- run at {f['date']} by `{report['command']}`; chapter time limit "
-             f"{report['chapter_timeout_s']:g} s",
+             f"- run at {f['date']} by `{report['command']}`; time limit per chapter "
+             f"{report['chapter_timeout_s']:g} s, plus what earlier chapters left unused",
              f"- footprint: the peak over the run of the GPU memory the driver (NVML) reports for "
              f"the chapter's kernel and all its child processes, sampled every "
              f"{report['interval_s']:g} s (CUDA contexts, PyTorch's cache and rank processes "
@@ -250,24 +254,28 @@ def markdown(report: dict) -> str:
     if not report["complete"]:
         why = report.get("interrupted") or "the run stopped before every chapter was reported"
         lines += [f"**Incomplete: {why}.**", ""]
-    lines += ["| chapter | status | seconds | footprint | within 4 GiB | processes |",
+    lines += ["| chapter | status | seconds (limit) | footprint | within 4 GiB | processes |",
               "| --- | --- | ---: | ---: | --- | ---: |"]
     for c in report["chapters"]:
         fp = c["footprint"] or {}
         peak = fp.get("peak_bytes")
         within = "?" if peak is None else ("yes" if peak <= BUDGET_BYTES else "**no**")
-        lines.append(f"| {c['chapter']} | {c['status']} | {c['seconds']:.1f} | {_gib(peak)} | "
-                     f"{within} | {len(fp.get('peak_by_pid') or {})} |")
+        processes = "?" if peak is None else len(fp.get("peak_by_pid") or {})
+        lines.append(f"| {c['chapter']} | {c['status']} | {c['seconds']:.1f} "
+                     f"({c['limit_s']:.0f}) | {_gib(peak)} | {within} | {processes} |")
     lines.append("")
     for c in report["chapters"]:
         lines += [f"## {c['chapter']}", "", f"{c['status']}, {c['seconds']:.1f} s "
                   f"(`{c['notebook']}`)", ""]
         fp = c["footprint"] or {}
         per_pid = ", ".join(f"pid {pid} {_gib(b)}" for pid, b in (fp.get("peak_by_pid") or {}).items())
-        lines.append(f"- footprint: {_gib(fp.get('peak_bytes'))} at its peak "
-                     f"({per_pid or 'no process listed'}); device-wide "
-                     f"{_gib(fp.get('device_peak_above_start_bytes'))} above the start; "
-                     f"{fp.get('samples', 0)} samples" + (f"; {fp['note']}" if fp.get("note") else ""))
+        if fp.get("peak_bytes") is None:
+            lines.append(f"- footprint not measured: {fp.get('note', 'no sampling')}")
+        else:
+            lines.append(f"- footprint: {_gib(fp['peak_bytes'])} at its peak "
+                         f"({per_pid or 'no process listed'}); device-wide "
+                         f"{_gib(fp['device_peak_above_start_bytes'])} above the start; "
+                         f"{fp['samples']} samples" + (f"; {fp['note']}" if fp["note"] else ""))
         if c["leftover_processes_killed"]:
             lines.append(f"- {c['leftover_processes_killed']} process(es) outlived the kernel "
                          f"and were killed")
@@ -306,17 +314,20 @@ def write_report(report: dict, out: Path) -> Path:
 
 
 def run_check(notebooks: list[Path], out: Path, facts: dict, chapter_timeout: float,
-              interval: float = 0.1, nvml=None, gpu_tests=run_gpu_tests,
+              interval: float = 0.1, nvml=None, gpu_tests=None,
               command: str = "scripts/gpu_check.py") -> Path:
-    """Run each notebook, rewriting the report after each; then the GPU tests. Return its path."""
+    """Run each notebook, rewriting the report after each; then ``gpu_tests()`` (a function
+    returning its report entry; None: none). Return the Markdown report's path."""
     report = {"facts": facts, "command": command, "chapter_timeout_s": chapter_timeout,
               "interval_s": interval, "budget_bytes": BUDGET_BYTES, "complete": False,
               "chapters": [], "gpu_tests": None}
     path = write_report(report, out)
-    notebook = None
+    notebook, unused = None, 0.0
     try:
         for notebook in notebooks:
-            result = run_chapter(notebook, chapter_timeout, nvml=nvml, interval=interval)
+            limit = chapter_timeout + unused
+            result = run_chapter(notebook, limit, nvml=nvml, interval=interval)
+            unused = max(0.0, limit - result.cells_seconds)
             report["chapters"].append(result.to_dict())
             peak = (result.footprint or {}).get("peak_bytes")
             print(f"{result.chapter}: {result.status}, {result.seconds:.1f} s, footprint "
@@ -340,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("chapters", nargs="*", help="chapter folder prefixes (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
     parser.add_argument("--chapter-timeout", type=float, default=CHAPTER_TIMEOUT_S,
-                        help=f"seconds for one chapter's cells (default {CHAPTER_TIMEOUT_S})")
+                        help=f"seconds for one chapter's cells, plus what earlier chapters "
+                             f"left unused (default {CHAPTER_TIMEOUT_S})")
     parser.add_argument("--interval", type=float, default=0.1,
                         help="seconds between two footprint samples (default 0.1)")
     args = parser.parse_args(argv)
@@ -363,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # an outer `timeout` still leaves the report
     try:
         path = run_check(notebooks, args.out, gpu_facts(), args.chapter_timeout, args.interval,
-                         command=" ".join(["scripts/gpu_check.py", *(argv or sys.argv[1:])]))
+                         gpu_tests=run_gpu_tests, command=" ".join(["scripts/gpu_check.py", *(argv or sys.argv[1:])]))
     except KeyboardInterrupt:
         print(f"interrupted; the report in {args.out} holds the chapters that finished",
               file=sys.stderr)

@@ -207,13 +207,15 @@ def test_report_survives_a_failing_and_a_hanging_chapter(tmp_path):
     assert "broken on purpose" in error["evalue"]
     assert [x["stdout"] for x in first["experiments"]] == ["before\n", "", "after\n"]
     assert second["status"] == "timed out"
+    # The first chapter's unused seconds (its 3 less three prints and a raise) go on.
+    assert first["limit_s"] == 3 and 3 < second["limit_s"] < 6
     assert (second["errors"][0]["cell"], second["errors"][0]["ename"]) == (0, "TimeoutError")
     assert [x["ran"] for x in second["experiments"]] == [True, False]
     for chapter in (first, second):  # the kernel counted, the checker and the stranger not
         assert chapter["footprint"]["peak_bytes"] >= 100 * MiB
         assert chapter["footprint"]["peak_bytes"] < 3 * GiB
     text = report_md.read_text()
-    assert "| 01_raises | errors |" in text and "| 02_hangs | timed out |" in text
+    assert "| 01_raises | errors | " in text and "| 02_hangs | timed out | " in text
     assert "ValueError: broken on purpose" in text and "(not run)" in text
     assert process_tree(os.getpid()) == {os.getpid()}, "a kernel outlived its chapter"
 
@@ -245,3 +247,26 @@ def test_refuses_cleanly_without_cuda(tmp_path, monkeypatch):
         load_gpu_check().main(["--out", str(tmp_path / "out")])
     assert "needs a usable CUDA GPU" in str(exit_.value.code)  # a message: exit status 1
     assert not (tmp_path / "out").exists()
+
+
+def test_main_runs_the_chosen_chapters_with_a_stand_in_gpu(tmp_path, monkeypatch):
+    """The command line end to end, CUDA and the facts faked: the chapter filter, a float time
+    limit from argparse, the report's place; on this machine NVML fails and the report says so."""
+    import torch
+    gpu_check = load_gpu_check()
+    make_notebook(tmp_path / "solutions" / "01_fine", ["print(6 * 7)"])
+    make_notebook(tmp_path / "solutions" / "02_skipped", ["raise SystemExit('not chosen')"])
+    monkeypatch.setattr(gpu_check, "ROOT", tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "gpu_facts", lambda: FACTS)
+    monkeypatch.setattr(gpu_check, "run_gpu_tests", lambda: {"command": "pytest", "returncode": 0,
+                                                             "tail": ["1 passed"]})
+    monkeypatch.setattr(gpu_check, "FootprintSampler", None)  # "no NVML here"
+    assert gpu_check.main(["--out", str(tmp_path / "out"), "--chapter-timeout", "20", "01"]) == 0
+    (report_json,) = (tmp_path / "out").glob("*.json")
+    report = json.loads(report_json.read_text())
+    (chapter,) = report["chapters"]
+    assert (chapter["chapter"], chapter["status"], chapter["limit_s"]) == ("01_fine", "ok", 20)
+    assert chapter["experiments"][0]["stdout"] == "42\n"
+    assert chapter["footprint"]["peak_bytes"] is None and "NVML" in chapter["footprint"]["note"]
+    assert report["complete"] and report["gpu_tests"]["tail"] == ["1 passed"]
