@@ -48,7 +48,7 @@ def _parents_from_proc(proc: Path = Path("/proc")) -> dict[int, int]:
             stat = (entry / "stat").read_text()
         except OSError:  # the process ended while we looked
             continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses: split at the last ")".
         parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
     return parents
 

@@ -1,4 +1,4 @@
-"""`make gpu-check`: run every solution notebook on a CUDA GPU and write a report of what it measured.
+"""`make gpu-check`: run every solution notebook on a CUDA GPU; write a report of what it measured.
 
 The report, reports/gpu-check-<date>-<gpu>.md and a .json twin with the same content, records
 the date, GPU, driver, CUDA and torch versions; for each chapter its status (ok, errors, timed
@@ -110,8 +110,9 @@ def _kill_leftovers(pids: set[int]) -> int:
     for pid in pids:
         try:
             process = psutil.Process(pid)
-            process.kill()
-            killed += 1
+            if process.status() != psutil.STATUS_ZOMBIE:  # a zombie holds nothing: only reaped
+                process.kill()
+                killed += 1
         except psutil.Error:
             pass
     return killed
@@ -133,8 +134,9 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
         except Exception as error:  # noqa: BLE001 (no NVML: the chapter still runs)
             result.footprint = {"peak_bytes": None, "note": f"NVML: {error!r}"}
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=max(1, math.ceil(timeout)), allow_errors=True, shutdown_kernel="immediate",
-                            startup_timeout=KERNEL_START_TIMEOUT_S, record_timing=True,
+    client = NotebookClient(nb, timeout=max(1, math.ceil(timeout)), allow_errors=True,
+                            shutdown_kernel="immediate", startup_timeout=KERNEL_START_TIMEOUT_S,
+                            record_timing=True,
                             resources={"metadata": {"path": str(path.parent)}})
     cell_seconds: list[tuple[float, int]] = []
     start = time.monotonic()
@@ -268,7 +270,8 @@ def markdown(report: dict) -> str:
         lines += [f"## {c['chapter']}", "", f"{c['status']}, {c['seconds']:.1f} s "
                   f"(`{c['notebook']}`)", ""]
         fp = c["footprint"] or {}
-        per_pid = ", ".join(f"pid {pid} {_gib(b)}" for pid, b in (fp.get("peak_by_pid") or {}).items())
+        per_pid = ", ".join(f"pid {pid} {_gib(b)}"
+                            for pid, b in (fp.get("peak_by_pid") or {}).items())
         if fp.get("peak_bytes") is None:
             lines.append(f"- footprint not measured: {fp.get('note', 'no sampling')}")
         else:
@@ -347,7 +350,8 @@ def run_check(notebooks: list[Path], out: Path, facts: dict, chapter_timeout: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("chapters", nargs="*", help="chapter folder prefixes (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "reports")
     parser.add_argument("--chapter-timeout", type=float, default=CHAPTER_TIMEOUT_S,
@@ -372,14 +376,17 @@ def main(argv: list[str] | None = None) -> int:
     if not notebooks:
         sys.exit(f"no chapter matches {args.chapters}")
     os.environ["GPULAB_ANSWER_KEYS"] = str(ROOT / "autograder" / "keys")
-    signal.signal(signal.SIGTERM, _interrupt)  # an outer `timeout` still leaves the report
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # an outer `timeout` leaves a report
     try:
         path = run_check(notebooks, args.out, gpu_facts(), args.chapter_timeout, args.interval,
-                         gpu_tests=run_gpu_tests, command=" ".join(["scripts/gpu_check.py", *(argv or sys.argv[1:])]))
+                         gpu_tests=run_gpu_tests,
+                         command=" ".join(["scripts/gpu_check.py", *(argv or sys.argv[1:])]))
     except KeyboardInterrupt:
         print(f"interrupted; the report in {args.out} holds the chapters that finished",
               file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"report: {path} (and {path.with_suffix('.json').name})")
     return 0
 

@@ -26,7 +26,8 @@ def test_time_fn_waits_for_the_warmup_and_times_on_the_devices_stream(monkeypatc
 
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"stream of {device}")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", str(device))))
+    monkeypatch.setattr(torch.cuda, "synchronize",
+                        lambda device=None: calls.append(("sync", str(device))))
 
     timing = measure.time_fn(lambda: calls.append(("fn",)), "cuda:1", warmup=2, repeats=2)
 
