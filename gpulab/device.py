@@ -74,21 +74,36 @@ print(count_gpus_in_this_process(value, set_after_init=sys.argv[2] == "late"))
 """
 
 
+def visible_gpu_counts(settings: dict) -> dict:
+    """``torch.cuda.device_count()`` in fresh Python processes, one per entry of ``settings``:
+    ``{label: (cuda_visible_devices, set_after_init)}`` -> ``{label: count}``. Each process runs
+    with CUDA_VISIBLE_DEVICES set to ``cuda_visible_devices`` (None: unset) either from the start
+    or, with ``set_after_init``, only after it has initialised CUDA. Fresh processes because CUDA
+    reads the variable once per process; started together because each spends seconds importing
+    torch."""
+    probes = {}
+    for label, (cuda_visible_devices, set_after_init) in settings.items():
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        if not set_after_init and cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        elif set_after_init:  # CUDA starts under our own setting; the child changes it afterwards
+            env.update({k: v for k, v in os.environ.items() if k == "CUDA_VISIBLE_DEVICES"})
+        value = "unset" if cuda_visible_devices is None else cuda_visible_devices
+        probes[label] = subprocess.Popen(
+            [sys.executable, "-c", _COUNT_GPUS, value, "late" if set_after_init else "early"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    counts = {}
+    for label, probe in probes.items():
+        out, err = probe.communicate(timeout=120)
+        if probe.returncode != 0:
+            raise RuntimeError(f"the CUDA_VISIBLE_DEVICES probe {label!r} failed:\n{err}")
+        counts[label] = int(out.strip().splitlines()[-1])
+    return counts
+
+
 def visible_gpu_count(cuda_visible_devices: str | None, set_after_init: bool = False) -> int:
-    """``torch.cuda.device_count()`` in a fresh Python process run with CUDA_VISIBLE_DEVICES set to
-    ``cuda_visible_devices`` (None: unset), either from the start or, with ``set_after_init``,
-    only after the process has initialised CUDA. A subprocess because CUDA reads the variable
-    once per process."""
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    value = "unset" if cuda_visible_devices is None else cuda_visible_devices
-    if not set_after_init and cuda_visible_devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
-    elif set_after_init:  # CUDA starts under our own setting; the child changes it afterwards
-        env.update({k: v for k, v in os.environ.items() if k == "CUDA_VISIBLE_DEVICES"})
-    result = subprocess.run([sys.executable, "-c", _COUNT_GPUS, value,
-                             "late" if set_after_init else "early"],
-                            env=env, capture_output=True, text=True, timeout=120, check=True)
-    return int(result.stdout.strip().splitlines()[-1])
+    """One probe of ``visible_gpu_counts``."""
+    return visible_gpu_counts({0: (cuda_visible_devices, set_after_init)})[0]
 
 
 # ----------------------------------------------------------------------------- facts

@@ -387,3 +387,12 @@ def test_without_a_gpu_the_late_probe_does_not_try_to_start_cuda(monkeypatch):
     fake.init = lambda: pytest.fail("init() called without a GPU")
     monkeypatch.setattr(device.torch, "cuda", fake)
     assert device.count_gpus_in_this_process("", set_after_init=True) == 0
+
+
+def test_visible_gpu_counts_runs_each_setting_in_its_own_process(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    from gpulab.device import visible_gpu_counts
+    counts = visible_gpu_counts({"hide": ("", False), "late": ("", True), "unset": (None, False)})
+    assert counts == {"hide": 0, "late": torch.cuda.device_count(),
+                      "unset": torch.cuda.device_count()}
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"

@@ -65,6 +65,8 @@ def test_chapter_01_against_independent_figures():
     assert value["01-batches-per-s"] == pytest.approx(648.76, rel=1e-4)
     assert value["01-pageable-gbps"] == pytest.approx(100 / 9)    # 1 / (1/20 + 1/25)
     assert (value["01-visible-physical"], value["01-visible-count"]) == (3, 2)
+    # Reasoning items: CUDA read the variable (unset) at start; two matmuls in the queue.
+    assert (value["01-late-visible-count"], value["01-queued-sync-ratio"]) == (8, 2)
     # H100 SXM: 132 SMs x 64 resident warps (Hopper whitepaper; CUDA guide, CC 9.0).
     assert value["01-resident-warps"] == 8448
     # H200 datasheet: 4.8 TB/s HBM3e; 8e9 params x 2 B = 16 GB -> 3.33 ms.

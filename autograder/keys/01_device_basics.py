@@ -19,6 +19,7 @@ VISIBLE, SERVER_GPUS = "2,3", 8
 H100 = hardware.GPUS["H100-SXM5-80GB"]
 H200 = hardware.GPUS["H200-SXM-141GB"]
 DECODE_PARAMS = 8e9                      # an 8B-parameter model in bfloat16
+QUEUED_MATMULS = 2                       # Quiz 12: the naive call still queued + the timed one
 
 batch_bytes = arith.tensor_bytes(BATCH_SHAPE, "float32")
 batch_elements = batch_bytes // 4
@@ -70,6 +71,23 @@ ITEMS = [
         Mistake(1, "torch renumbers the visible GPUs from 0 in the order CUDA_VISIBLE_DEVICES lists "
                    "them, so cuda:1 is the second GPU listed, not physical GPU 1."),
         Mistake(2, "that is cuda:0, the first GPU listed. cuda:1 is the second one."),
+    )),
+    # Quiz 8 (reasoning): CUDA read CUDA_VISIBLE_DEVICES (unset: all 8) when the first tensor was
+    # created on the GPU; hiding every GPU afterwards changes nothing.
+    Item("01-late-visible-count", SERVER_GPUS, "GPUs", mistakes=(
+        Mistake(0, "that is what \"\" does when it is set before CUDA starts. Here the tensor on "
+                   "the GPU had already started CUDA, which read the variable then (unset: all 8 "
+                   "GPUs) and never reads it again."),
+        Mistake(1, "\"\" hides GPUs only if set before CUDA starts, and it would hide all of them, "
+                   "not leave one. Here CUDA had already started with all 8 visible."),
+    )),
+    # Quiz 12 (reasoning): synchronize() waits for everything queued, the naive matmul included.
+    Item("01-queued-sync-ratio", QUEUED_MATMULS, "x T", rel_tol=0.05, mistakes=(
+        Mistake(1, "that is what a clock started from an empty queue reads. Here the naive "
+                   "matmul was only queued when its timer stopped, so it may still run when the "
+                   "second clock starts: synchronize() waits for it too, about 2T in all."),
+        Mistake(0, "the second timing synchronises before stopping the clock, so it cannot be "
+                   "near zero: it includes every matmul still in the queue."),
     )),
     Item("01-visible-count", len(VISIBLE.split(",")), "GPUs", mistakes=(
         Mistake(SERVER_GPUS, "CUDA_VISIBLE_DEVICES hides the unlisted GPUs from the process: "
