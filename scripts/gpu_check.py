@@ -99,19 +99,31 @@ def _error_outputs(nb) -> list[dict]:
     return errors
 
 
-def _kill_leftovers(pids: set[int]) -> int:
-    """Kill, by pid, the processes of a chapter's tree that outlived its kernel (a rank the
-    kernel's shutdown missed would hold GPU memory through the next chapter)."""
+def _snapshot(pids: set[int]) -> list:
+    """psutil handles of ``pids``: they outlive a pid's reuse (psutil checks the start time)."""
     try:
         import psutil
     except ImportError:
-        return 0
-    killed = 0
+        return []
+    processes = []
     for pid in pids:
         try:
-            process = psutil.Process(pid)
-            if process.status() != psutil.STATUS_ZOMBIE:  # a zombie holds nothing: only reaped
-                process.kill()
+            processes.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return processes
+
+
+def _kill_leftovers(processes: list) -> int:
+    """Kill the processes of a chapter's tree that outlived its kernel, orphans included (a rank
+    the kernel's shutdown missed would hold GPU memory through the next chapter)."""
+    import psutil
+
+    killed = 0
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                process.kill()  # a zombie holds nothing: it only waits to be reaped
                 killed += 1
         except psutil.Error:
             pass
@@ -140,7 +152,7 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
                             resources={"metadata": {"path": str(path.parent)}})
     cell_seconds: list[tuple[float, int]] = []
     start = time.monotonic()
-    leftovers: set[int] = set()
+    leftovers: list = []
     try:
         with client.setup_kernel():
             deadline = time.monotonic() + timeout  # the limit is for the cells, not the start
@@ -164,7 +176,7 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
                     finally:
                         cell_seconds.append((time.monotonic() - cell_start, index))
             finally:  # before the kernel goes: what it started, to kill any that outlive it
-                leftovers = process_tree(os.getpid()) - {os.getpid()}
+                leftovers = _snapshot(process_tree(os.getpid()) - {os.getpid()})
     except DeadKernelError as error:
         result.status = "kernel died"
         result.errors.append({"cell": cell_seconds[-1][1] if cell_seconds else None,
@@ -175,8 +187,7 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
                               "evalue": ANSI.sub("", str(error))[:2000]})
     result.seconds = time.monotonic() - start
     result.cells_seconds = sum(s for s, _ in cell_seconds)
-    result.leftover_processes_killed = _kill_leftovers(
-        leftovers & (process_tree(os.getpid()) - {os.getpid()}))
+    result.leftover_processes_killed = _kill_leftovers(leftovers)
     if sampler is not None:
         result.footprint = sampler.stop().to_dict()
     output_errors = _error_outputs(nb)

@@ -184,8 +184,12 @@ def make_notebook(folder: Path, sources: list[str]) -> Path:
 
 def test_report_survives_a_failing_and_a_hanging_chapter(tmp_path):
     gpu_check = load_gpu_check()
+    orphan = ("import subprocess, sys\n"  # a process of its own session: the kernel's kill misses it
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+              " start_new_session=True)")
     raises = make_notebook(tmp_path / "01_raises", [
-        "print('before')", "raise ValueError('broken on purpose')", "print('after')"])
+        "print('before')", "raise ValueError('broken on purpose')", "print('after')", orphan,
+        "print(child.pid)"])
     hangs = make_notebook(tmp_path / "02_hangs", ["import time\ntime.sleep(600)", "print('never')"])
     # The fake driver lists the checker (this process: not the learner's), a stranger, and every
     # process this test started (the kernels) at 100 MiB each.
@@ -205,7 +209,10 @@ def test_report_survives_a_failing_and_a_hanging_chapter(tmp_path):
     (error,) = first["errors"]
     assert (error["cell"], error["ename"]) == (1, "ValueError")
     assert "broken on purpose" in error["evalue"]
-    assert [x["stdout"] for x in first["experiments"]] == ["before\n", "", "after\n"]
+    assert [x["stdout"] for x in first["experiments"]][:3] == ["before\n", "", "after\n"]
+    orphan_pid = int(first["experiments"][4]["stdout"])
+    assert first["leftover_processes_killed"] == 1
+    assert not psutil.pid_exists(orphan_pid) or psutil.Process(orphan_pid).status() == "zombie"
     assert second["status"] == "timed out"
     # The first chapter's unused seconds (its 3 less three prints and a raise) go on.
     assert first["limit_s"] == 3 and 3 < second["limit_s"] < 6
