@@ -184,7 +184,8 @@ def make_notebook(folder: Path, sources: list[str]) -> Path:
 
 def test_report_survives_a_failing_and_a_hanging_chapter(tmp_path):
     gpu_check = load_gpu_check()
-    orphan = ("import subprocess, sys\n"  # a process of its own session: the kernel's kill misses it
+    # A process in a session of its own: killing the kernel's process group misses it.
+    orphan = ("import subprocess, sys\n"
               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
               " start_new_session=True)")
     raises = make_notebook(tmp_path / "01_raises", [
