@@ -80,10 +80,11 @@ def gpu_processes(nvml) -> list[tuple[int, int, int | None]]:
 
 
 def _compute_processes(nvml, handle):
-    # nvidia-ml-py calls the _v3 entry point, which drivers older than 510 lack; _v2 reads the same.
+    # nvidia-ml-py calls the _v3 entry point, which older drivers lack; it then raises
+    # NVMLLibraryMismatchError (not an NVMLError). _v2 reads the same pid and used bytes.
     try:
         return nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-    except nvml.NVMLError:
+    except Exception:
         if not hasattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v2"):
             raise
         return nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)

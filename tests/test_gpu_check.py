@@ -144,6 +144,21 @@ def test_sampler_records_an_nvml_failure_instead_of_raising():
     assert "GPU is lost" in fp.error and "sampling failed" in fp.note
 
 
+def test_an_older_driver_is_read_through_the_v2_entry_point():
+    class MismatchError(Exception):  # pynvml's NVMLLibraryMismatchError is no NVMLError
+        pass
+
+    nvml = FakeNVML()
+
+    def v3(handle):
+        raise MismatchError("Unversioned function called and the pyNVML version does not match")
+
+    nvml.nvmlDeviceGetComputeRunningProcesses = v3
+    nvml.nvmlDeviceGetComputeRunningProcesses_v2 = lambda handle: [
+        SimpleNamespace(pid=10, usedGpuMemory=300 * MiB)]
+    assert footprint.gpu_processes(nvml) == [(0, 10, 300 * MiB)]
+
+
 def test_sampler_says_when_no_process_matched_but_the_device_filled():
     nvml = FakeNVML({0: []}, used={0: 0})
     sampler = FootprintSampler(1, interval=60, nvml=nvml, tree=lambda root: {1, 10}).start()
