@@ -23,10 +23,14 @@ $(READY): pyproject.toml scripts/setup_venv.sh
 	@scripts/setup_venv.sh "$(PYTHON)" "$(VENV)" "$(TORCH)"
 
 # Containers and cloud machines often run as root, which Jupyter refuses unless told.
+# nbgrader runs `alembic` by name when the Formgrader first opens its gradebook: the venv's bin/
+# goes first on PATH. (tests/test_browser.py starts JupyterLab with this same command line.)
+LAB_COMMAND = PATH="$(abspath $(BIN)):$$PATH" JUPYTER_CONFIG_PATH="$(CURDIR)/autograder" \
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks \
+	$(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(READY)
-	JUPYTER_CONFIG_PATH="$(CURDIR)/autograder" $(BIN)/jupyter lab \
-	    --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks \
-	    $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+	$(LAB_COMMAND) $(LAB_ARGS)
 
 # Unit tests, the nbgrader round trip, and every solution notebook executed by nbval, on 2 workers.
 # One thread per PyTorch process: two workers each running kernels with a thread per core would
