@@ -233,9 +233,10 @@ def lookup(name: str) -> GPUSpec | None:
 # Peak FLOP/s by dtype (chapter 03, "MFU" and "The roofline")
 
 # dtype name -> the GPUSpec field holding its dense peak. float32 is the CUDA-core figure:
-# torch runs float32 matmuls on the CUDA cores unless TF32 is switched on
-# (torch.backends.cuda.matmul.allow_tf32, off by default since PyTorch 1.12, or
-# torch.set_float32_matmul_precision("high")); then ask for "tf32".
+# torch runs float32 matmuls on the CUDA cores unless TF32 is switched on (off by default since
+# PyTorch 1.12; in torch 2.9 and later torch.backends.cuda.matmul.fp32_precision = "tf32", or
+# torch.set_float32_matmul_precision("high"), which sets it; the older
+# torch.backends.cuda.matmul.allow_tf32 = True still works but is deprecated); then ask for "tf32".
 _PEAK_FIELDS = {
     "bfloat16": "bf16_flops", "bf16": "bf16_flops",
     "float16": "fp16_flops", "fp16": "fp16_flops", "half": "fp16_flops",
