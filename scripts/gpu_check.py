@@ -2,7 +2,7 @@
 
 The report, reports/gpu-check-<date>-<gpu>.md and a .json twin with the same content, records
 the date, GPU, driver, CUDA and torch versions; for each chapter its status (ok, errors, timed
-out, kernel died), each error with the cell it came from, the execution time, the slowest cells,
+out, kernel died, failed), each error with the cell it came from, the execution time, the slowest cells,
 the GPU footprint and the printed output of every experiment cell (cells tagged `experiment`);
 then the GPU-only tests. It is the only place the course's GPU figures come from: commit it.
 
@@ -170,7 +170,7 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
                         result.status = "timed out"
                         result.errors.append({
                             **_cell_label(cell, index), "ename": "TimeoutError",
-                            "evalue": f"the chapter's {timeout:.0f} s were spent by this cell; "
+                            "evalue": f"the chapter's {timeout:.0f} s ran out during this cell; "
                                       f"the kernel was killed"})
                         break
                     finally:
