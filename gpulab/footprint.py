@@ -156,7 +156,7 @@ class Footprint:
 class FootprintSampler:
     """Sample a process tree's GPU memory every ``interval`` seconds in a background thread.
 
-        with FootprintSampler(kernel_pid) as sampler:
+        with FootprintSampler(kernel_pid, include_root=True) as sampler:
             ...                                  # run the work
         print(sampler.footprint.peak_bytes)
 
