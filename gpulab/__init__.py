@@ -9,6 +9,8 @@ One module per idea, each short enough to read in one sitting:
 - ``gpulab.models``   the course's GPT, built so that its memory follows the formulas
 - ``gpulab.measure``  timing, bandwidth and peak memory, measured right on CPU and GPU alike
 - ``gpulab.memory``   the storage tracker and training step behind ``measure``'s peak memory
+- ``gpulab.footprint`` a learner's GPU memory as the driver counts it, over their processes
+                      (``make gpu-check``)
 - ``gpulab.accumulation`` gradient accumulation, and when it is not the same as one big batch
 - ``gpulab.checks``   the quiz checker used by notebook test cells
 - ``gpulab.plots``    the few plots the chapters share
