@@ -51,6 +51,15 @@ c.Autograde.sanitize_preprocessors = [NormalizeCells, ClearOutput, DeduplicateId
 c.Autograde.autograde_preprocessors = [ExecuteSandboxed, GradeRecordedAnswers, IgnorePattern,
                                        ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
                                        AssignLatePenalties, CheckCellMetadata]
-c.SandboxedKernelManager.hidden_paths = [c.CourseDirectory.root]
+
+# What one submission may use (README, "Grading on a shared server"). Over a limit its kernel is
+# stopped; it scores what ran, and its feedback says which limit it reached. Memory and
+# processes count all of a submission's processes together (jobs x memory_limit must fit in RAM:
+# `make autograde` grades one submission per core); the disk limit applies to each of its
+# private /tmp, /dev/shm and working copy, which live in memory (tmpfs).
+c.SandboxedKernelManager.memory_limit = 8 * 2**30       # bytes, resident
+c.SandboxedKernelManager.process_limit = 1024           # processes and threads at once
+c.SandboxedKernelManager.disk_limit = 2**30             # bytes written, per folder and per file
+c.SandboxedKernelManager.cpu_limit = 3600               # CPU seconds, all processes together
 c.GradeRecordedAnswers.keys_dir = os.path.join(here, "keys")
 c.ExecuteSandboxed.notebook_timeout = 900
