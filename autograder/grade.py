@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 from nbgrader.api import Gradebook
 
 from release import AUTOGRADER, nbgrader, release, start_nbgrader
-from secure_grading import INTEGRITY_LOG, sandbox_command
+from secure_grading import INTEGRITY_LOG, PROGRESS_LOG, bubblewrap
 
 SUBMITTED = AUTOGRADER / "submitted"
 
@@ -33,17 +34,63 @@ def submitted_chapters() -> list[str]:
     return sorted({p.name for p in SUBMITTED.glob("*/*") if p.is_dir()})
 
 
+class Progress:
+    """Prints, while nbgrader runs, each submission graded (done of total, elapsed, estimated
+    time left) and each integrity finding as soon as it is made, from the lines that
+    secure_grading appends to the logs beside the gradebook."""
+
+    def __init__(self, chapter: str, total: int):
+        self.chapter, self.total, self.done = chapter, total, 0
+        self.start = time.monotonic()
+        self.read_to = {PROGRESS_LOG: 0, INTEGRITY_LOG: 0}
+        for name in self.read_to:
+            path = AUTOGRADER / name
+            self.read_to[name] = path.stat().st_size if path.exists() else 0
+
+    def _new_lines(self, name: str) -> list[dict]:
+        path = AUTOGRADER / name
+        if not path.exists():
+            return []
+        with open(path) as log:
+            log.seek(self.read_to[name])
+            text = log.read()
+        complete = text[:text.rfind("\n") + 1]          # a line being written waits
+        self.read_to[name] += len(complete.encode())
+        return [json.loads(line) for line in complete.splitlines()]
+
+    def update(self) -> None:
+        for finding in self._new_lines(INTEGRITY_LOG):
+            print(f"  finding  {finding['student']}: {finding['finding']}", flush=True)
+        graded = len(self._new_lines(PROGRESS_LOG))
+        if graded:
+            self.done += graded
+            elapsed = time.monotonic() - self.start
+            left = elapsed / self.done * max(0, self.total - self.done)
+            print(f"  {self.chapter}: {self.done}/{self.total} graded, {_clock(elapsed)} elapsed, "
+                  f"about {_clock(left)} left", flush=True)
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
 def autograde(chapter: str, jobs: int) -> None:
     """nbgrader autograde, with the students split over ``jobs`` processes (each one runs a
     notebook at a time; the gradebook is SQLite, whose writes are short and wait on a lock)."""
     students = sorted(p.parent.name for p in SUBMITTED.glob(f"*/{chapter}") if p.is_dir())
     groups = [students[i::jobs] for i in range(max(1, min(jobs, len(students))))]
+    print(f"grading {chapter}: {len(students)} submissions, {len(groups)} at a time", flush=True)
+    progress = Progress(chapter, len(students))
     running = []
     for group in groups:
         others = ",".join(s for s in students if s not in group)
         running.append(start_nbgrader("autograde", chapter, "--create", "--force",
                                       f"--CourseDirectory.student_id_exclude={others}"))
-    if any(p.wait() != 0 for p in running):
+    while any(p.poll() is None for p in running):
+        progress.update()
+        time.sleep(1)
+    progress.update()
+    if any(p.returncode != 0 for p in running):
         # nbgrader grades every other submission and leaves the broken ones (e.g. a file that
         # is not a notebook) without scores: they export as zero. The class goes on.
         print(f"WARNING: some {chapter} submissions could not be graded at all (nbgrader's "
@@ -63,8 +110,9 @@ def main() -> None:
         raise SystemExit(f"nothing to grade: no folders like {SUBMITTED}/<student>/<chapter>/")
     integrity = AUTOGRADER / INTEGRITY_LOG
     if not args.feedback_only:
-        sandbox_command(".", [])  # fails now, with the install command, if bubblewrap is missing
+        bubblewrap()  # fails now, with the install command, if bubblewrap is missing
         integrity.unlink(missing_ok=True)
+        (AUTOGRADER / PROGRESS_LOG).unlink(missing_ok=True)
     for chapter in chapters:
         if not args.feedback_only:
             # (Re)generating the graded release records the chapter's source cells, hidden tests
