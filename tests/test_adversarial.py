@@ -8,9 +8,14 @@ gradebook may hold only the expected rows; and no process may outlive grading.
 """
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -143,6 +148,104 @@ subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # {MARKER
                  start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 '''
 
+# The instructor's own JupyterLab, as `make lab` runs it (same user, same machine, token auth):
+# found through its runtime file under the home folder, or with its port and token given outright.
+JUPYTER = r'''
+import glob, json, os, re, urllib.request
+servers = []
+for path in glob.glob("@HOME@/.local/share/jupyter/runtime/jpserver-*.json"):
+    try:
+        info = json.load(open(path))
+        servers.append((info["port"], info["token"]))
+    except (OSError, ValueError, KeyError):
+        pass
+servers.append((@PORT@, "@TOKEN@"))
+found = 0
+for port, token in servers:
+    base = f"http://127.0.0.1:{port}/api/contents"
+    try:
+        key = json.load(urllib.request.urlopen(f"{base}/autograder/keys/99_probe.py?token={token}", timeout=3))
+        found = int(re.search(r'99-a", (\d+)', key["content"]).group(1))
+        body = json.dumps({"type": "file", "format": "text", "content": "student was here"}).encode()
+        urllib.request.urlopen(urllib.request.Request(f"{base}/WRITTEN_VIA_SERVER?token={token}",
+                                                      data=body, method="PUT"), timeout=3)
+    except Exception as error:
+        print("server:", type(error).__name__)
+'''
+
+# A private file in the grading user's home folder (created by the test, removed afterwards).
+HOME_SECRET = r'''
+import glob
+found = 0
+for path in ["@SECRET@", *glob.glob("@HOME@/.*"), *glob.glob("/home/*/.*")]:
+    try:
+        text = open(path).read()
+    except OSError:
+        continue
+    print(text[:200])
+    found = 2048 if "SECRET-" in text else found
+'''
+
+# Listeners the test opens on the machine: TCP on 127.0.0.1 and ::1, an abstract Unix socket;
+# and an address outside the machine.
+CONNECT = r'''
+import socket
+reached = 0
+for family, address in [(socket.AF_INET, ("127.0.0.1", @PORT4@)), (socket.AF_INET6, ("::1", @PORT6@)),
+                        (socket.AF_INET, ("192.0.2.1", 80)), (socket.AF_UNIX, "\0@ABSTRACT@")]:
+    try:
+        with socket.socket(family) as s:
+            s.settimeout(3)
+            s.connect(address)
+            s.sendall(b"student was here")
+            reached = 2048
+    except OSError as error:
+        print(address, error)
+'''
+
+MEMORY_HOG = r'''
+chunks = []
+for i in range(40):                       # at most 2 GB, should the limit not hold
+    chunks.append(bytearray(50 * 2**20))
+    chunks[-1][::4096] = b"x" * len(chunks[-1][::4096])
+'''
+
+PROCESS_HOG = rf'''
+import subprocess, sys, time
+children = []
+for i in range(100):                      # at most 100, should the limit not hold
+    children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # {MARKER}"]))
+time.sleep(30)
+'''
+
+DISK_HOG = r'''
+written = []
+for folder in ["/tmp", "/dev/shm", "."]:
+    n = 0
+    try:
+        for i in range(64):                  # at most 64 MiB each, should the limit not hold
+            with open(f"{folder}/fill{i}", "wb") as f:
+                f.write(b"x" * 2**20)
+            n += 1
+    except OSError as error:
+        print(folder, error)
+    written.append(n)
+escaped = max(written) > @DISK_MIB@
+'''
+
+# The folder of the kernel's sockets is the one place on the grader's disk it may write to.
+SOCKET_FOLDER = r'''
+import os, time
+from ipykernel.connect import get_connection_file
+for folder in [os.path.dirname(get_connection_file())]:
+    for i in range(64):
+        open(f"{folder}/fill{i}", "wb").write(b"x" * 2**20)
+        time.sleep(0.05)
+'''
+
+# Small limits for this batch (the defaults are in autograder/nbgrader_config.py).
+MEMORY_MIB, PROCESSES, DISK_MIB = 768, 48, 16
+
 ATTACKS = {
     # name: (make the submission from the release notebook, expected (a, b) scores, says)
     "honest": (lambda nb: answered(nb), (1, 1), None),
@@ -193,7 +296,7 @@ ATTACKS = {
     "huge_text": (lambda nb: answered(nb, before_a="for i in range(300_000):\n    print(i)"), (1, 1), None),
     "huge_image": (lambda nb: answered(nb, before_a=(
         "import base64, os\nfrom IPython.display import display\n"
-        "display({'image/png': base64.b64encode(os.urandom(100 * 2**20)).decode()}, raw=True)")),
+        "display({'image/png': base64.b64encode(os.urandom(20 * 2**20)).decode()}, raw=True)")),
         (1, 1), None),
     "reads_secrets": (lambda nb: answered(nb, "found or 0", "0.5", before_a=SPY), (0, 0), None),
     "writes_course": (lambda nb: answered(nb, before_a=WRITER), (1, 1), None),
@@ -205,19 +308,115 @@ ATTACKS = {
     "odd_answers": (lambda nb: answered(nb, "float('nan')", "'0.25'"), (0, 0), "NaN"),
     "inf_and_tensor": (lambda nb: answered(nb, "float('inf')", "__import__('torch').tensor([0.25])"),
                        (0, 0), "array of shape"),
+    # Issue 14: the machine around the sandbox.
+    "uses_jupyter_server": (lambda nb: answered(nb, "found", "0.5", before_a=JUPYTER), (0, 0), None),
+    "reads_home": (lambda nb: answered(nb, "found", "0.5", before_a=HOME_SECRET), (0, 0), None),
+    "connects": (lambda nb: answered(nb, "2048 + reached", "0.5", before_a=CONNECT), (1, 0), None),
+    "memory_hog": (lambda nb: answered(nb, before_b=MEMORY_HOG), (1, 0), f"more than {MEMORY_MIB} MiB of memory"),
+    "process_hog": (lambda nb: answered(nb, before_b=PROCESS_HOG), (1, 0), f"more than {PROCESSES} processes"),
+    "disk_hog": (lambda nb: answered(nb, b="0 if escaped else 0.25", before_b=DISK_HOG), (1, 1), None),
+    "writes_socket_folder": (lambda nb: answered(nb, before_b=SOCKET_FOLDER), (1, 0), "connection sockets"),
 }
 
 
+class Listener(threading.Thread):
+    """A server socket on this machine that records whoever connects."""
+
+    def __init__(self, family, address):
+        super().__init__(daemon=True)
+        self.sock = socket.socket(family)
+        self.sock.bind(address)
+        self.sock.listen()
+        self.address = self.sock.getsockname()
+        self.connections = []
+
+    def run(self):
+        while True:
+            try:
+                connection, peer = self.sock.accept()
+            except OSError:
+                return
+            self.connections.append(peer)
+            connection.close()
+
+
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The probe chapter released and every submission graded in one `grade.py` run."""
+def machine(tmp_path_factory):
+    """What surrounds grading on an instructor's machine: a course folder, the instructor's
+    JupyterLab started as `make lab` starts it (token auth), a private file in the home folder,
+    and listeners on 127.0.0.1, ::1 and an abstract Unix socket. Everything goes afterwards."""
     course = copy_course(tmp_path_factory.mktemp("adversarial"))
+    secret = Path.home() / f".gpulab-adversarial-secret-{os.getpid()}"
+    secret.write_text(f"SECRET-{uuid.uuid4()}")
+    listeners = [Listener(socket.AF_INET, ("127.0.0.1", 0))]
+    if socket.has_ipv6:
+        try:
+            listeners.append(Listener(socket.AF_INET6, ("::1", 0)))
+        except OSError:                   # no IPv6 on this machine: nothing to reach there
+            pass
+    listeners.append(Listener(socket.AF_UNIX, f"\0gpulab-adversarial-{os.getpid()}"))
+    for listener in listeners:
+        listener.start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server_log = open(course / "jupyter.log", "w")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "jupyter"), "lab", f"--ServerApp.root_dir={course}",
+         "--LabApp.default_url=/lab/tree/notebooks", "--no-browser", f"--ServerApp.port={port}",
+         "--ServerApp.port_retries=0", *(["--allow-root"] if os.getuid() == 0 else [])],
+        env={**os.environ, "JUPYTER_CONFIG_PATH": str(course / "autograder")},
+        stdout=server_log, stderr=subprocess.STDOUT)
+    (course / "tmp").mkdir()            # grading's TMPDIR: the kernels' socket folders go there
+    try:
+        yield {"course": course, "tmp": course / "tmp", "secret": secret, "listeners": listeners, "server": server,
+               "port": port, "runtime": Path.home() / ".local/share/jupyter/runtime"}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        secret.unlink()
+        for listener in listeners:
+            listener.sock.close()
+
+
+def jupyter_token(machine) -> str:
+    """The running server's token, from its runtime file (as a hostile notebook would find it)."""
+    runtime = machine["runtime"] / f"jpserver-{machine['server'].pid}.json"
+    for _ in range(600):
+        if runtime.exists():
+            try:
+                return json.loads(runtime.read_text())["token"]
+            except ValueError:                # being written
+                pass
+        assert machine["server"].poll() is None, "JupyterLab did not start"
+        time.sleep(0.1)
+    raise AssertionError("JupyterLab did not write its runtime file within 60 s")
+
+
+@pytest.fixture(scope="module")
+def graded(machine):
+    """The probe chapter released and every submission graded in one `grade.py` run."""
+    course = machine["course"]
     (course / "solutions" / CHAPTER).mkdir()
     nbformat.write(source_notebook(), course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
     (course / "autograder" / "keys" / f"{CHAPTER}.py").write_text(KEY)
     with open(course / "autograder" / "nbgrader_config.py", "a") as config:
-        config.write("\nc.Execute.timeout = 10\nc.ExecuteSandboxed.notebook_timeout = 60\n")
+        config.write("\nc.Execute.timeout = 20\nc.ExecuteSandboxed.notebook_timeout = 60\n"
+                     f"c.SandboxedKernelManager.memory_limit = {MEMORY_MIB} * 2**20\n"
+                     f"c.SandboxedKernelManager.process_limit = {PROCESSES}\n"
+                     f"c.SandboxedKernelManager.disk_limit = {DISK_MIB} * 2**20\n")
     run(course, "release.py", CHAPTER)
+    token = jupyter_token(machine)
+    # The server is really there and really answers with its token: the attack can fail only
+    # because of the sandbox.
+    status = f"http://127.0.0.1:{machine['port']}/api/contents/autograder/keys?token={token}"
+    assert urllib.request.urlopen(status, timeout=10).status == 200
+    ports = {listener.sock.family: listener.address for listener in machine["listeners"]}
+    fill = {"@HOME@": str(Path.home()), "@SECRET@": str(machine["secret"]), "@PORT@": str(machine["port"]),
+            "@TOKEN@": token, "@PORT4@": str(ports[socket.AF_INET][1]),
+            "@PORT6@": str(ports.get(socket.AF_INET6, ("", 1))[1]),
+            "@ABSTRACT@": ports[socket.AF_UNIX][1:].decode() if isinstance(ports[socket.AF_UNIX], bytes)
+            else ports[socket.AF_UNIX][1:], "@DISK_MIB@": str(DISK_MIB)}
     release = course / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
     broken = course / "autograder" / "submitted" / "not_a_notebook" / CHAPTER
     broken.mkdir(parents=True)
@@ -227,14 +426,18 @@ def graded(tmp_path_factory):
         folder.mkdir(parents=True)
         nb = make(nbformat.read(release, as_version=4))
         text = nbformat.writes(nb).replace("{root}", str(course))
+        for placeholder, value in fill.items():
+            text = text.replace(placeholder, value)
         (folder / f"{CHAPTER}.ipynb").write_text(text)
     before = set(_processes())
-    result = run(course, "grade.py")
+    start = time.perf_counter()
+    result = run(course, "grade.py", TMPDIR=str(machine["tmp"]))
+    print(f"grade.py: {time.perf_counter() - start:.1f} s for {len(ATTACKS) + 1} submissions")
     return course, result.stdout, before
 
 
-def run(course, script, *args):
-    env = {k: v for k, v in os.environ.items() if k != "GPULAB_ANSWER_KEYS"}
+def run(course, script, *args, **env_vars):
+    env = {k: v for k, v in os.environ.items() if k != "GPULAB_ANSWER_KEYS"} | env_vars
     result = subprocess.run([sys.executable, f"autograder/{script}", *args], cwd=course, env=env,
                             capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -268,8 +471,8 @@ def verdicts(course, student) -> str:
     return "\n".join(texts)
 
 
-def test_there_are_at_least_17_attacks():
-    assert len([name for name in ATTACKS if name not in ("honest", "blank", "wrong")]) >= 17
+def test_there_are_at_least_29_attacks():
+    assert len([name for name in ATTACKS if name not in ("honest", "blank", "wrong")]) >= 29
 
 
 @pytest.mark.parametrize("student", list(ATTACKS))
@@ -309,6 +512,61 @@ def test_nothing_was_read_or_written_outside_the_working_copy(graded):
     assert "student was here" not in (course / "autograder" / "keys" / f"{CHAPTER}.py").read_text()
     db = sqlite3.connect(course / "autograder" / "gradebook.db")
     assert db.execute("select count(*) from grade where manual_score = 100").fetchone() == (0,)
+
+
+def test_the_instructors_jupyter_server_was_not_reached(graded, machine):
+    course, _, _ = graded
+    assert not (course / "WRITTEN_VIA_SERVER").exists()
+    assert "server: URLError" in outputs(course, "uses_jupyter_server")     # it did try
+
+
+def test_no_connection_reached_the_machine(graded, machine):
+    course, _, _ = graded
+    assert len(machine["listeners"]) >= 2
+    for listener in machine["listeners"]:
+        assert listener.connections == [], f"{listener.address} was reached"
+    assert "unreachable" in outputs(course, "connects")                    # it did try
+
+
+def test_nothing_of_the_home_folder_reaches_grading(graded, machine):
+    course, _, _ = graded
+    secret = machine["secret"].read_text()
+    for folder in ("autograded", "feedback"):
+        for path in (course / "autograder" / folder).rglob("*"):
+            if path.is_file():
+                assert secret not in path.read_text(errors="ignore"), path
+
+
+def test_limits_stop_the_submission_not_the_batch(graded):
+    course, stdout, _ = graded
+    for student in ("memory_hog", "process_hog", "writes_socket_folder"):
+        assert f"{student}: execution stopped: the submission" in stdout, student   # said at once
+    disk_hog = outputs(course, "disk_hog")
+    assert disk_hog.count("No space left on device") == 3, disk_hog
+
+
+def test_what_a_submission_writes_stays_in_its_sandbox(graded, machine):
+    course, _, _ = graded
+    assert not list(course.rglob("fill*")), "a submission's files reached the course folder"
+    assert not list(machine["tmp"].iterdir()), "a kernel's socket folder was left behind"
+
+
+def test_progress_is_printed_while_grading(graded):
+    _, stdout, _ = graded
+    lines = stdout.splitlines()
+    counts = [int(line.split("/")[0].split()[-1]) for line in lines if " graded, " in line]
+    assert counts == sorted(counts) and counts[-1] == len(ATTACKS), counts   # the broken file is not
+    assert "elapsed, about" in stdout
+    last_progress = max(i for i, line in enumerate(lines) if " graded, " in line)
+    first_finding = min(i for i, line in enumerate(lines) if line.startswith("  finding  "))
+    assert first_finding < last_progress, "findings should be printed as soon as they are made"
+
+
+def outputs(course, student) -> str:
+    """Everything the student's own cells printed, in the graded copy."""
+    return "\n".join(str(o.get("text", "")) + str(o.get("evalue", ""))
+                     for c in autograded(course, student).cells if c.cell_type == "code"
+                     for o in c.outputs)
 
 
 def test_a_file_that_is_not_a_notebook_scores_zero_and_the_class_goes_on(graded):
