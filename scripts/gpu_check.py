@@ -139,12 +139,6 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
 
     result = ChapterResult(path.parent.name, f"{path.parent.name}/{path.name}", limit_s=timeout)
     sampler = None
-    if nvml is not False:
-        try:
-            sampler = FootprintSampler(os.getpid(), include_root=False, interval=interval,
-                                       nvml=nvml).start()
-        except Exception as error:  # noqa: BLE001 (no NVML: the chapter still runs)
-            result.footprint = {"peak_bytes": None, "note": f"NVML: {error!r}"}
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=max(1, math.ceil(timeout)), allow_errors=True,
                             shutdown_kernel="immediate", startup_timeout=KERNEL_START_TIMEOUT_S,
@@ -155,6 +149,14 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
     leftovers: list = []
     try:
         with client.setup_kernel():
+            # The learner's processes: the kernel and all it starts, never this checker.
+            kernel = getattr(client.km.provisioner, "pid", None)
+            root, include_root = (kernel, True) if kernel else (os.getpid(), False)
+            if nvml is not False:
+                try:
+                    sampler = FootprintSampler(root, include_root, interval, nvml).start()
+                except Exception as error:  # noqa: BLE001 (no NVML: the chapter still runs)
+                    result.footprint = {"peak_bytes": None, "note": f"NVML: {error!r}"}
             deadline = time.monotonic() + timeout  # the limit is for the cells, not the start
             result.status = "ok"
             try:
@@ -176,7 +178,7 @@ def run_chapter(path: Path, timeout: float, nvml=None, interval: float = 0.1) ->
                     finally:
                         cell_seconds.append((time.monotonic() - cell_start, index))
             finally:  # before the kernel goes: what it started, to kill any that outlive it
-                leftovers = _snapshot(process_tree(os.getpid()) - {os.getpid()})
+                leftovers = _snapshot(process_tree(root) - {os.getpid()})
     except DeadKernelError as error:
         result.status = "kernel died"
         result.errors.append({"cell": cell_seconds[-1][1] if cell_seconds else None,

@@ -284,7 +284,11 @@ def test_main_runs_the_chosen_chapters_with_a_stand_in_gpu(tmp_path, monkeypatch
     monkeypatch.setattr(gpu_check, "gpu_facts", lambda: FACTS)
     monkeypatch.setattr(gpu_check, "run_gpu_tests", lambda: {"command": "pytest", "returncode": 0,
                                                              "tail": ["1 passed"]})
-    monkeypatch.setattr(gpu_check, "FootprintSampler", None)  # "no NVML here"
+
+    def no_nvml(*args):
+        raise ImportError("No module named 'pynvml'")
+
+    monkeypatch.setattr(gpu_check, "FootprintSampler", no_nvml)
     assert gpu_check.main(["--out", str(tmp_path / "out"), "--chapter-timeout", "20", "01"]) == 0
     (report_json,) = (tmp_path / "out").glob("*.json")
     report = json.loads(report_json.read_text())
