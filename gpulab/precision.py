@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpulab.measure import synchronize
 from gpulab.models import GPT, GPTConfig
 
 
@@ -126,6 +127,18 @@ def running_sum(step: float, n: int, name_or_dtype: str | torch.dtype, start: fl
     return sums
 
 
+
+def stall_point(step: float, name_or_dtype: str | torch.dtype) -> float:
+    """Where a running sum of ``step``, started at 0 and kept in the format, stops growing: the
+    first power of two 2^k at which the step is at most half the gap, 2^(k − m − 1) ≥ step
+    (a tie rounds back to 2^k, whose mantissa is even). Below 2^k every addition moves the sum
+    by at least one gap, and the last one before 2^k lands on it (it cannot get half a gap
+    past it), so the sum stops at 2^k exactly; ``step`` is first stored in the format.
+    Chapter 04, "Rounding: what survives"."""
+    f = number_format(name_or_dtype)
+    stored = round_to(step, f.name)
+    return 2.0 ** math.ceil(math.log2(stored) + f.mantissa_bits + 1)
+
 # ------------------------------------------------------------------------------------------
 # Loss scaling
 
@@ -149,14 +162,35 @@ def loss_scale_after(overflows, init_scale: float = 2.0 ** 16, growth_factor: fl
     return scale, skipped
 
 
+def grad_scaler_scale(overflows, **rule) -> float:
+    """The same run of steps on a real ``torch.amp.GradScaler("cpu", **rule)``: one parameter
+    whose gradient is inf on an overflowing step and 1 otherwise; returns the final scale.
+    What ``loss_scale_after`` predicts, measured. (About 10k steps per second on a CPU.)"""
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", **rule)
+    scaler.scale(torch.ones(()))            # creates the scale tensor, as a first step would
+    for overflow in overflows:
+        param.grad = torch.full((1,), float("inf") if overflow else 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+    return scaler.get_scale()
+
+
 # ------------------------------------------------------------------------------------------
 # What autocast runs in low precision, and what autograd keeps
 
-# PyTorch's "Autocast Op Reference" (docs, torch.amp): on CUDA these ops autocast to float32
-# whatever their input. On CPU, cross_entropy is on the float32 list too; the others are not,
-# and run in their input's dtype (autocast_output_dtypes measures it).
-CUDA_FLOAT32_OPS = ("softmax", "log_softmax", "layer_norm", "exp", "sum", "cross_entropy")
-
+# Which ops autocast runs in float32 whatever their input: PyTorch's "Autocast Op Reference"
+# (docs, torch.amp) and, for the exact torch release, its own test lists
+# (torch/testing/_internal/autocast_test_lists.py: AutocastTestLists.torch_fp32 for CUDA,
+# AutocastCPUTestLists.torch_fp32 and nn_fp32 for the CPU; tests/test_precision.py reads them).
+# On CUDA the list has softmax, log_softmax, layer_norm, exp and sum; on the CPU it has only
+# losses (cross_entropy through nll_loss), so softmax and layer_norm run in their input's dtype.
+# Below are the ops of this list that the course's GPT uses, or that the notebook shows.
+FLOAT32_OPS = {
+    "cuda": ("softmax", "log_softmax", "layer_norm", "exp", "sum", "cross_entropy"),
+    "cpu": ("cross_entropy",),
+}
 
 def autocast_output_dtypes(device: torch.device | str, dtype: torch.dtype = torch.bfloat16
                            ) -> dict[str, tuple[str, str]]:
@@ -210,6 +244,128 @@ def saved_tensor_bytes(fn, exclude=()) -> dict[str, int]:
     return totals
 
 
+def parameter_copy_bytes(fn, params) -> int:
+    """Run ``fn()`` (a forward pass under autocast) and return the bytes of the saved tensors
+    that are 16-bit copies of ``params``: a saved float16/bfloat16 tensor holding exactly the
+    values of a parameter cast to its dtype (or of its transpose, as ``F.linear`` saves it).
+    Each storage counted once."""
+    params = list(params)
+    seen: dict[int, int] = {}
+
+    def is_copy(t: torch.Tensor) -> bool:
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            return False
+        for p in params:
+            if t.numel() == p.numel() and p.dim() == t.dim():
+                cast = p.detach().to(t.dtype)
+                for candidate in (cast, cast.t() if cast.dim() == 2 else cast):
+                    if candidate.shape == t.shape and torch.equal(candidate, t.detach()):
+                        return True
+        return False
+
+    def pack(t: torch.Tensor):
+        if is_copy(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def autocast_state_bytes(n_params: float, copied_params: float | None = None) -> dict[str, float]:
+    """Bytes that ``torch.autocast`` training with Adam(W) keeps for ``n_params`` parameters, of
+    which ``copied_params`` (default: all) are matmul weights. Chapter 04, "Two recipes".
+
+    Autocast does not change the model: the parameters stay fp32, and they *are* the master
+    weights (4 bytes); backward returns fp32 gradients (the cast's backward casts the 16-bit
+    gradient up: 4); Adam's m and v are fp32 (8); there is no second master copy. The forward
+    casts each matmul weight to 16 bits (2 bytes), once per autocast region (autocast caches
+    casts of leaf tensors that require grad), and autograd keeps that copy until the layer's
+    backward has run: transient, but alive at the step's peak. So 4 + 4 + 8 = 16 bytes stay
+    between steps and 18 exist per matmul weight during a step (embeddings and LayerNorm
+    weights get no copy: lookups and layer_norm are not on autocast's 16-bit list).
+
+    Compare the 16-bit-weights recipe (apex O2, Megatron-LM, DeepSpeed;
+    ``arith.RECIPES["mixed_adam"]`` 2 + 2 + 12, or 2 + 4 + 12 with fp32 gradients): 16-bit
+    weights kept between steps, and a separate fp32 master copy inside the optimizer state.
+    Gradients are fp32 under autocast, so plain DDP all-reduces 4 bytes per parameter unless a
+    communication hook compresses them (``torch.distributed.algorithms.ddp_comm_hooks``).
+    """
+    copied = n_params if copied_params is None else copied_params
+    state = {"params": 4 * n_params, "grads": 4 * n_params, "optimizer": 8 * n_params,
+             "copies": 2 * copied}
+    state["total"] = sum(state.values())
+    return state
+
+
+def autocast_bytes_per_score(device_type: str) -> int:
+    """Bytes autograd keeps per attention score (one of the b·a·s² softmax entries) under 16-bit
+    autocast, when attention is written out as in ``gpulab.models``:
+
+    - CUDA: softmax is on the float32 list, so its 16-bit input is cast up and softmax saves its
+      fp32 output (4); the next matmul, att @ v, casts that back to 16 bits and saves the copy
+      (2): 6 bytes per score.
+    - CPU: softmax is not on the CPU's float32 list; it runs in 16 bits and saves its output,
+      which att @ v saves too (the same storage): 2 bytes per score.
+    (Fused attention, ``F.scaled_dot_product_attention``, keeps no scores at all.)"""
+    return 6 if "softmax" in FLOAT32_OPS[torch.device(device_type).type] else 2
+
+
+def autocast_saved_bytes(config: GPTConfig, batch: int, seq_len: int, device_type: str
+                         ) -> dict[str, int]:
+    """What one forward of ``gpulab.models.GPT(config)`` (fp32 parameters, dropout 0) under
+    16-bit ``torch.autocast(device_type)`` saves for backward, by dtype, as
+    ``saved_tensor_bytes(..., exclude=model.parameters())`` measures it, with separate
+    ``idx`` and ``targets``. Symbols: b batch, s seq_len, n = b·s tokens, h n_embd, a n_head,
+    L n_layer, V vocab_size, T block_size. Chapter 04, "Activations under autocast".
+
+    16-bit (per block): the inputs of c_attn, c_proj, c_fc (2nh each), q, k, v (6nh), GELU's
+    input and the MLP projection's input (8nh each): 28nh; the copies of the four weight
+    matrices, 2·12h²; the scores, 2·b·a·s². Head: lm_head's input 2nh and weight copy 2Vh.
+    fp32: each LayerNorm's input (4nh) and its mean and 1/std (8n), two per block and ln_f;
+    the loss's log-softmax 4nV (cross_entropy is on every device's float32 list) and its
+    4-byte total weight; on CUDA also the fp32 softmax output, 4·b·a·s² per block
+    (``autocast_bytes_per_score``). Buffers and inputs: the causal mask T² (bool, one for all
+    layers); idx, targets and positions (int64).
+    """
+    b, s, n = batch, seq_len, batch * seq_len
+    h, a, L = config.n_embd, config.n_head, config.n_layer
+    V, T = config.vocab_size, config.block_size
+    scores = b * a * s * s
+    fp32_scores = autocast_bytes_per_score(device_type) - 2
+    return {
+        "float32": L * (2 * 4 * n * h + 2 * 8 * n + fp32_scores * scores) + 4 * n * h + 8 * n
+                   + 4 * n * V + 4,
+        "bfloat16": L * (28 * n * h + 2 * 12 * h * h + 2 * scores) + 2 * n * h + 2 * V * h,
+        "bool": T * T,
+        "int64": 8 * (2 * n + s),
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# Predict, then measure
+
+def compare(what: str, yours, formula: float | None, measured: float, unit: str = "",
+            tolerance: float = 0.05, gap: str = "") -> str:
+    """One line for the notebook: your prediction | formula | measured | ratio, where ratio =
+    measured / your prediction, or measured / the formula where you gave none (``yours`` is
+    ``None`` or ``...``; a second line says so). Where the ratio is off by more than
+    ``tolerance``, a line gives ``gap``, the likely reason."""
+    answered = yours is not None and yours is not Ellipsis
+    basis = yours if answered else formula
+    shown = lambda x: "n/a" if x is None else f"{x:,.4g}{unit}"  # noqa: E731
+    ratio = measured / basis if basis else float("nan")
+    line = (f"{what}: your prediction {shown(yours) if answered else '(none)'} | formula "
+            f"{shown(formula)} | measured {shown(measured)} | ratio {ratio:.3f}")
+    notes = []
+    if not answered:
+        notes.append("no prediction given: the ratio compares the measurement with the formula.")
+    if basis and not abs(ratio - 1) <= tolerance:
+        notes.append(f"off by more than {tolerance:.0%}. {gap}".rstrip())
+    return "\n".join([line] + [f"  -> {note}" for note in notes])
+
+
 # ------------------------------------------------------------------------------------------
 # Training in each precision, on text every Python install has
 
@@ -244,44 +400,98 @@ class TrainingRun:
     losses: list[float] = field(default_factory=list)
     scales: list[float] = field(default_factory=list)   # GradScaler's scale after each step
     skipped: int = 0                                     # steps GradScaler skipped (inf/NaN)
-    seconds: float = 0.0
+
+
+def _setup(config: GPTConfig, precision: str, device: torch.device, lr: float, seed: int,
+           init_scale: float = 2.0 ** 16, growth_interval: int = 2000, fused: bool = False):
+    """A fresh GPT (same seed for every precision), AdamW on its fp32 parameters (they are the
+    master weights), the autocast dtype, and a GradScaler enabled for "fp16" only."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    torch.manual_seed(seed)
+    model = GPT(config, device=device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=fused or None)
+    low = {"bf16": torch.bfloat16}.get(precision, torch.float16)
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale,
+                                  growth_interval=growth_interval, enabled=precision == "fp16")
+    return model, optimizer, low, scaler
+
+
+def _step(model, optimizer, scaler, low, precision, idx, targets, device_type) -> torch.Tensor:
+    """One training step; returns the loss as a tensor (reading it would wait for the GPU)."""
+    with torch.autocast(device_type, dtype=low, enabled=precision != "fp32"):
+        _, loss = model(idx, targets)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
 
 
 def train(config: GPTConfig, precision: str, steps: int, batch: int, seq_len: int,
           device, data: torch.Tensor | None = None, lr: float = 3e-3, seed: int = 0,
           init_scale: float = 2.0 ** 16, growth_interval: int = 2000) -> TrainingRun:
     """Train a fresh GPT (same seed, same batches for every precision) with AdamW on fp32 master
-    weights. "fp32": no autocast. "bf16"/"fp16": ``torch.autocast`` with that dtype; "fp16" uses
-    ``torch.amp.GradScaler`` (``init_scale``, ``growth_interval``), "fp16 without scaler" does
-    not."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    weights and record every step's loss. "fp32": no autocast. "bf16"/"fp16":
+    ``torch.autocast`` with that dtype; "fp16" uses ``torch.amp.GradScaler`` (``init_scale``,
+    ``growth_interval``), "fp16 without scaler" does not. Reads the loss (and the scale) after
+    every step, which waits for the GPU: for timing use ``step_seconds``."""
     device = torch.device(device)
     data = text_corpus() if data is None else data
-    torch.manual_seed(seed)
+    model, optimizer, low, scaler = _setup(config, precision, device, lr, seed, init_scale,
+                                           growth_interval)
     generator = torch.Generator().manual_seed(seed)
-    model = GPT(config, device=device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    low = {"bf16": torch.bfloat16}.get(precision, torch.float16)
-    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale,
-                                  growth_interval=growth_interval, enabled=precision == "fp16")
     run = TrainingRun(precision)
-    start = time.perf_counter()
     for _ in range(steps):
         idx, targets = sample_batch(data, batch, seq_len, generator, device)
-        with torch.autocast(device.type, dtype=low, enabled=precision != "fp32"):
-            _, loss = model(idx, targets)
-        scaler.scale(loss).backward()
         before = scaler.get_scale() if scaler.is_enabled() else 1.0
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        run.losses.append(loss.item())
+        run.losses.append(_step(model, optimizer, scaler, low, precision, idx, targets,
+                                device.type).item())
         if scaler.is_enabled():
             run.scales.append(scaler.get_scale())
             run.skipped += run.scales[-1] < before     # update() backed off: the step was skipped
-    run.seconds = time.perf_counter() - start
     return run
+
+
+def step_seconds(config: GPTConfig, precision: str, batch: int, seq_len: int, device,
+                 data: torch.Tensor | None = None, steps: int = 10, warmup: int = 3,
+                 lr: float = 3e-4) -> float:
+    """Seconds per training step in ``precision``, timed so that a GPU shows its real speed.
+    Chapter 04, "Speed: training steps per precision".
+
+    - Warm-up: the first steps pay one-time costs (cuBLAS handles and kernel selection, Adam's
+      state allocated at the first ``step()``, the allocator growing its cache, GradScaler's
+      scale tensor): ``warmup`` untimed steps first.
+    - No host syncs inside the timed steps: every batch is sampled and copied to the device
+      beforehand (a copy from pageable host memory synchronises the stream), no loss is read,
+      and AdamW is ``fused``, whose step takes GradScaler's inf check on the device
+      (``_step_supports_amp_scaling``; otherwise ``GradScaler.step`` reads it with ``.item()``
+      every step, a host sync on a GPU). The clock stops after one ``synchronize`` at the end.
+    - Size: each step must do enough arithmetic per kernel launch that the GPU is not waiting
+      for Python (chapter 03, "launch overhead"); a tiny model shows no gain from bf16 on a GPU.
+    """
+    device = torch.device(device)
+    data = text_corpus() if data is None else data
+    model, optimizer, low, scaler = _setup(config, precision, device, lr, seed=0,
+                                           fused=True)
+    generator = torch.Generator().manual_seed(0)
+    batches = [sample_batch(data, batch, seq_len, generator, device) for _ in range(warmup + steps)]
+    for idx, targets in batches[:warmup]:
+        _step(model, optimizer, scaler, low, precision, idx, targets, device.type)
+    synchronize(device)
+    start = time.perf_counter()
+    for idx, targets in batches[warmup:]:
+        _step(model, optimizer, scaler, low, precision, idx, targets, device.type)
+    synchronize(device)
+    return (time.perf_counter() - start) / steps
+
+
+def initial_logit_gradient(vocab_size: int, batch: int, seq_len: int) -> float:
+    """The gradient of a mean cross-entropy over the b·s tokens of one backward pass with
+    respect to one *wrong* logit at initialisation, where softmax gives p ≈ 1/V everywhere:
+    (p − 0)/(b·s) = 1/(V·b·s). The divisor is the micro-batch that one backward sees (a
+    per-GPU quantity), not the global batch. Chapter 04, "Gradients that underflow"."""
+    return 1 / (vocab_size * batch * seq_len)
 
 
 def logit_gradients(model: GPT, idx: torch.Tensor, targets: torch.Tensor, scale: float = 1.0,

@@ -1,10 +1,14 @@
 """gpulab.precision: every format's limits against torch.finfo and the published figures,
 rounding and stalled sums worked out by hand, the loss-scale rule against a real GradScaler,
 and what autocast and loss scaling do to a tiny GPT (fast: one layer of width 32 on a CPU)."""
+import ast
 import random
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from gpulab import precision as P
 from gpulab.models import GPT, GPTConfig
@@ -220,10 +224,10 @@ def test_loss_scale_worked_example():
 def test_autocast_output_dtypes_on_cpu(dtype):
     """On CPU, matmuls autocast to the low dtype whatever their input; cross_entropy is on the
     CPU float32 list (so float32 even from low-precision logits); softmax and friends run in
-    their input's dtype. Every op of CUDA_FLOAT32_OPS is measured."""
+    their input's dtype. Every op of FLOAT32_OPS["cuda"] is measured."""
     low = str(dtype).removeprefix("torch.")
     result = P.autocast_output_dtypes("cpu", dtype)
-    assert set(P.CUDA_FLOAT32_OPS) <= set(result)
+    assert set(P.FLOAT32_OPS["cuda"]) <= set(result)
     assert result["linear"] == result["matmul"] == (low, low)
     assert result["cross_entropy"] == ("float32", "float32")
     assert result["softmax"] == result["layer_norm"] == ("float32", low)
@@ -367,3 +371,182 @@ def test_loss_scaling_rescues_underflowing_logit_gradients(corpus):
     p_over_n = g32 + torch.nn.functional.one_hot(targets, 256) / n     # softmax / N ≥ 0
     bound = 2.0 ** -11 * g32.abs() + 2.5 * delta * p_over_n + 2.0 ** -25 / scale
     assert ((s16.float() / scale - g32).abs() <= bound).all()
+
+
+def test_initial_logit_gradient_is_exact_with_uniform_probabilities(corpus):
+    """With the head zeroed every logit is 0, so p = 1/V exactly and each wrong entry's gradient
+    of the mean loss over b·s tokens is 1/(V·b·s): the formula, to fp32 rounding."""
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    idx, targets = P.sample_batch(corpus, 4, 16, torch.Generator().manual_seed(0), "cpu")
+    _, g32 = P.logit_gradients(model, idx, targets)
+    wrong = g32[torch.nn.functional.one_hot(targets, 256) == 0]
+    torch.testing.assert_close(wrong, torch.full_like(wrong, P.initial_logit_gradient(256, 4, 16)))
+
+
+# ------------------------------------------------------------------------------------------
+# Rules against what they predict
+
+@pytest.mark.parametrize("step, fmt", [(2.0 ** -10, "fp16"), (1e-4, "fp16"), (1e-4, "bf16"),
+                                       (3e-3, "bf16"), (7e-4, "fp16"), (2.0 ** -5, "bf16")])
+def test_stall_point_is_where_the_running_sum_stops(step, fmt):
+    sums = P.running_sum(step, 3 * int(P.stall_point(step, fmt) / step) + 10, fmt)
+    assert max(sums) == sums[-1] == P.stall_point(step, fmt)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_grad_scaler_scale_is_what_loss_scale_after_predicts(seed):
+    rng = random.Random(seed)
+    pattern = [rng.random() < 0.3 for _ in range(30)]
+    rule = dict(init_scale=2.0 ** 10, growth_interval=3)
+    assert P.grad_scaler_scale(pattern, **rule) == P.loss_scale_after(pattern, **rule)[0]
+    assert P.grad_scaler_scale([True] * 3 + [False] * 5000) == 2.0 ** 15
+
+
+# ------------------------------------------------------------------------------------------
+# Autocast per device: the op lists, the activations each keeps, the state per parameter
+
+def _float32_list_ops(class_name: str) -> set[str]:
+    """Op names on torch's own autocast float32 test lists for this release (read from the
+    source: importing the module needs expecttest): ``AutocastTestLists`` is CUDA's,
+    ``AutocastCPUTestLists`` the CPU's."""
+    path = Path(torch.__file__).parent / "testing" / "_internal" / "autocast_test_lists.py"
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    names = set()
+    for node in ast.walk(cls):
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute)
+                and node.targets[0].attr in ("torch_fp32", "nn_fp32")):
+            for entry in node.value.elts:
+                names.add(entry.elts[0].value)
+    return names
+
+
+def test_float32_lists_are_torchs_own():
+    """What the predictions assume about each device is what torch's autocast test lists say:
+    softmax, log_softmax, layer_norm, exp and sum are on CUDA's float32 list and not on the
+    CPU's; cross_entropy is on both (torch lists its parts: nll_loss on both, log_softmax on
+    CUDA's; the CPU casts cross_entropy as a whole, measured in the test above)."""
+    cuda, cpu = _float32_list_ops("AutocastTestLists"), _float32_list_ops("AutocastCPUTestLists")
+    assert {"softmax", "layer_norm", "nll_loss"} <= cuda and "nll_loss" in cpu
+    for op in P.FLOAT32_OPS["cuda"]:
+        if op == "cross_entropy":
+            continue
+        assert op in cuda, op
+        assert (op in cpu) == (op in P.FLOAT32_OPS["cpu"]), op
+    assert P.autocast_bytes_per_score("cuda") == 6 and P.autocast_bytes_per_score("cpu") == 2
+
+
+class CudaFloat32List(TorchFunctionMode):
+    """On the CPU, run softmax as CUDA autocast does: its 16-bit input cast up to fp32 (the
+    only op of CUDA's float32 list that the course GPT meets with a 16-bit input; layer_norm
+    and cross_entropy already run in fp32 on both devices)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (F.softmax, torch.softmax, torch.Tensor.softmax):
+            args = (args[0].float(), *args[1:])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("config, batch, seq_len", [
+    (GPTConfig(vocab_size=256, block_size=128, n_layer=2, n_head=4, n_embd=128), 4, 64),
+    (GPTConfig(vocab_size=300, block_size=32, n_layer=1, n_head=2, n_embd=64), 1, 32),
+    (GPTConfig(vocab_size=100, block_size=64, n_layer=3, n_head=8, n_embd=64), 3, 17),
+])
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_autocast_saved_bytes_match_what_autograd_saves(config, batch, seq_len, device_type):
+    """Every dtype exactly: measured on the CPU, and for CUDA on the CPU with softmax following
+    CUDA's float32 list, which is where the devices differ (6 bytes per score against 2)."""
+    torch.manual_seed(0)
+    model = GPT(config)
+    idx = torch.randint(0, config.vocab_size, (batch, seq_len))
+    targets = torch.randint(0, config.vocab_size, (batch, seq_len))
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if device_type == "cuda":
+                with CudaFloat32List():
+                    return model(idx, targets)[1]
+            return model(idx, targets)[1]
+
+    measured = P.saved_tensor_bytes(forward, exclude=model.parameters())
+    assert measured == P.autocast_saved_bytes(config, batch, seq_len, device_type)
+
+
+def test_cuda_keeps_4_more_bytes_per_score_in_fp32():
+    config = GPTConfig(vocab_size=256, block_size=128, n_layer=2, n_head=4, n_embd=128)
+    cpu, cuda = (P.autocast_saved_bytes(config, 4, 64, d) for d in ("cpu", "cuda"))
+    assert cuda["float32"] - cpu["float32"] == 4 * 2 * 4 * 4 * 64 * 64
+    assert {k: v for k, v in cuda.items() if k != "float32"} == {k: v for k, v in cpu.items() if k != "float32"}
+
+
+def test_parameter_copy_bytes_finds_the_saved_weight_copy():
+    """Under autocast a linear layer saves a bf16 copy of its weight (not of its bias); without
+    autocast it saves the fp32 parameter itself, which is no copy."""
+    layer = torch.nn.Linear(64, 96)
+    x = torch.randn(8, 64, requires_grad=True)
+
+    def forward(enabled):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            return layer(x)
+    assert P.parameter_copy_bytes(lambda: forward(True), layer.parameters()) == 2 * 64 * 96
+    assert P.parameter_copy_bytes(lambda: forward(False), layer.parameters()) == 0
+
+
+def test_autocast_state_bytes_counted_on_a_real_step(corpus):
+    """One autocast step with AdamW, the linear weights' tensors counted: fp32 weight, fp32
+    gradient, fp32 exp_avg and exp_avg_sq, and the bf16 copy saved in the forward: 18 bytes per
+    parameter, as autocast_state_bytes says; 16 of them outlive the step (the 16-bit recipe's
+    total too, but in other tensors: arith.RECIPES["mixed_adam"])."""
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    optimizer = torch.optim.AdamW(model.parameters())
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    idx, targets = P.sample_batch(corpus, 4, 16, torch.Generator().manual_seed(0), "cpu")
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(idx, targets)[1]
+        loss.backward()
+    copies = P.parameter_copy_bytes(step, weights)
+    optimizer.step()
+    n = sum(w.numel() for w in weights)
+    state = P.autocast_state_bytes(n)
+    assert state["params"] == sum(w.numel() * w.element_size() for w in weights)
+    assert state["grads"] == sum(w.grad.numel() * w.grad.element_size() for w in weights)
+    assert state["optimizer"] == sum(optimizer.state[w][k].numel() * optimizer.state[w][k].element_size()
+                                     for w in weights for k in ("exp_avg", "exp_avg_sq"))
+    assert state["copies"] == copies
+    assert state["total"] == 18 * n
+    assert P.autocast_state_bytes(10, copied_params=0)["total"] == 160
+
+
+# ------------------------------------------------------------------------------------------
+# Timing and the predict-then-measure line
+
+@pytest.mark.parametrize("precision", P.PRECISIONS)
+def test_step_seconds_reads_nothing_back_from_the_device(precision, corpus, monkeypatch):
+    """The timed steps must not wait for a GPU: no ``.item()`` anywhere (no loss read, and a
+    fused AdamW so GradScaler needs none); checked on the CPU, where the same code runs. The
+    warm-up steps run first (Adam's state exists when the clock starts)."""
+    calls = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: calls.append(1) or item(t))
+    seconds = P.step_seconds(TINY, precision, 4, 16, "cpu", corpus, steps=2, warmup=1)
+    assert seconds > 0 and calls == []
+
+
+def test_compare_prints_the_four_columns_and_explains_a_gap():
+    line = P.compare("x", 10, 10, 10.2, " B", tolerance=0.05, gap="why")
+    assert line == "x: your prediction 10 B | formula 10 B | measured 10.2 B | ratio 1.020"
+    off = P.compare("x", 10, 10, 12, tolerance=0.05, gap="why")
+    assert "ratio 1.200" in off and "off by more than 5%. why" in off
+    mine = P.compare("x", 20, 10, 20, tolerance=0.05)     # the ratio is against your prediction
+    assert mine == "x: your prediction 20 | formula 10 | measured 20 | ratio 1.000"
+    for unanswered in (None, ...):
+        fallback = P.compare("x", unanswered, 10, 10)
+        assert "your prediction (none)" in fallback and "ratio 1.000" in fallback
+        assert "no prediction given" in fallback
+    assert "formula n/a" in P.compare("x", 3, None, 3)
