@@ -25,7 +25,7 @@ import time
 from nbgrader.api import Gradebook
 
 from release import AUTOGRADER, nbgrader, release, start_nbgrader
-from secure_grading import INTEGRITY_LOG, PROGRESS_LOG, bubblewrap
+from secure_grading import INTEGRITY_LOG, PROGRESS_LOG, sandbox_warnings
 
 SUBMITTED = AUTOGRADER / "submitted"
 
@@ -110,7 +110,8 @@ def main() -> None:
         raise SystemExit(f"nothing to grade: no folders like {SUBMITTED}/<student>/<chapter>/")
     integrity = AUTOGRADER / INTEGRITY_LOG
     if not args.feedback_only:
-        bubblewrap()  # fails now, with the install command, if bubblewrap is missing
+        for warning in sandbox_warnings():  # fails now, with the install command, if bwrap is missing
+            print(f"WARNING: {warning}")
         integrity.unlink(missing_ok=True)
         (AUTOGRADER / PROGRESS_LOG).unlink(missing_ok=True)
     for chapter in chapters:

@@ -73,6 +73,14 @@ def bubblewrap() -> str:
     return bwrap
 
 
+def sandbox_warnings() -> list[str]:
+    """What this machine's sandbox cannot bound, for `make autograde` to say before it starts."""
+    if _bwrap_has_size(bubblewrap()):
+        return []
+    return ["this bubblewrap is older than 0.8 and cannot size its folders: what a submission "
+            "writes is limited per file, not in total (install a newer bubblewrap)"]
+
+
 @functools.cache
 def _bwrap_has_size(bwrap: str) -> bool:
     """bubblewrap >= 0.8 can size a tmpfs (--size); older ones cannot."""

@@ -562,6 +562,32 @@ def test_progress_is_printed_while_grading(graded):
     assert first_finding < last_progress, "findings should be printed as soon as they are made"
 
 
+def test_cpu_time_is_bounded(tmp_path):
+    """CPU time, outside the batch (a spinning cell there would race the cell time limit): a
+    kernel whose processes spin stops at its CPU limit, with the limit named."""
+    from nbclient import NotebookClient
+    from secure_grading import SandboxedKernelManager
+    from traitlets.config import Config
+
+    class Client(NotebookClient):
+        def create_kernel_manager(self):
+            self.sandbox = super().create_kernel_manager()
+            return self.sandbox
+
+    spin = ("import subprocess, sys, time\n"
+            f"spinners = [subprocess.Popen([sys.executable, '-c', 'while True: pass  # {MARKER}']) "
+            "for _ in range(2)]\ntime.sleep(60)")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(spin)])
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    config = Config()
+    config.SandboxedKernelManager.cpu_limit = 2
+    client = Client(nb, timeout=120, kernel_manager_class=SandboxedKernelManager, config=config,
+                    resources={"metadata": {"path": str(tmp_path)}})
+    with pytest.raises(Exception, match="[Kk]ernel died"):
+        client.execute()
+    assert client.sandbox.stopped_because == "used more than 2 s of CPU time"
+
+
 def outputs(course, student) -> str:
     """Everything the student's own cells printed, in the graded copy."""
     return "\n".join(str(o.get("text", "")) + str(o.get("evalue", ""))
