@@ -215,6 +215,7 @@ def test_report_survives_a_failing_and_a_hanging_chapter(tmp_path):
         SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in
         [(os.getpid(), 3 * GiB), (1, 5 * GiB)]
         + [(p.pid, 100 * MiB) for p in psutil.Process().children(recursive=True)]]
+    children_before = process_tree(os.getpid())
     report_md = gpu_check.run_check([raises, hangs], tmp_path / "out", FACTS, chapter_timeout=3,
                                     interval=0.05, nvml=nvml, gpu_tests=None)
 
@@ -240,7 +241,8 @@ def test_report_survives_a_failing_and_a_hanging_chapter(tmp_path):
     text = report_md.read_text()
     assert "| 01_raises | errors | " in text and "| 02_hangs | timed out | " in text
     assert "ValueError: broken on purpose" in text and "(not run)" in text
-    assert process_tree(os.getpid()) == {os.getpid()}, "a kernel outlived its chapter"
+    # (Processes earlier tests left, e.g. multiprocessing's resource tracker, may stay.)
+    assert process_tree(os.getpid()) <= children_before, "a kernel outlived its chapter"
 
 
 def test_an_interrupted_run_leaves_its_report(tmp_path, monkeypatch):
