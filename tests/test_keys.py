@@ -173,6 +173,43 @@ def test_chapter_04_linear_answer_is_what_autograd_saves():
     assert saved == {"bfloat16": key("04_mixed_precision")["04-autocast-linear-bytes"].value}
 
 
+@pytest.mark.parametrize("item_id, accepted, rejected", [
+    # the summary's own figures are right; the neighbours a slip gives are not
+    ("04-bf16-max", (3.39e38, 3.3895e38, (2 - 2**-7) * 2**127), (2.0**128, 2.0**127)),
+    ("04-fp16-subnormal", (5.96e-8, 6.0e-8, 2**-24), (2**-25, 2**-14, 1.2e-7)),
+])
+def test_chapter_04_accepts_what_the_chapter_writes(item_id, accepted, rejected):
+    item = key("04_mixed_precision")[item_id]
+    for answer in accepted:
+        judge(item, answer)
+    for answer in rejected:
+        with pytest.raises(WrongAnswer):
+            judge(item, answer)
+
+
+def test_chapter_04_saving_question_does_not_give_the_answer_away():
+    """Quiz 11 names the tensors and their dtypes; the learner adds up the bytes (no "2 + 2 + 12"
+    or "4 + 4 + 8", no "16 bytes", and no table of recipes before it)."""
+    nb = nbformat.read(ROOT / "solutions" / "04_mixed_precision" / "04_mixed_precision.ipynb", as_version=4)
+    ids = [c.id for c in nb.cells]
+    question = nb.cells[ids.index("answer-04-saving-gb") - 1].source
+    assert "Quiz 11" in question
+    assert not re.search(r"\d+\s*\+\s*\d+|\d+\s*bytes|\bB/param", question), question
+    before = "".join(c.source for c in nb.cells[:ids.index("answer-04-saving-gb")])
+    assert "model_state_bytes" not in before and "bytes per parameter" not in before
+
+
+def test_chapter_04_autocast_items_come_from_gpulab():
+    """Quiz 12: autocast keeps 4 + 4 + 8 bytes per parameter and a 2-byte copy per matmul weight
+    (counted on a real step in tests/test_precision.py); quiz 14: 6 bytes per score on CUDA."""
+    from gpulab import arith, precision
+
+    items = key("04_mixed_precision")
+    assert items["04-autocast-state-bytes"].value == precision.autocast_state_bytes(1)["total"] == 18
+    assert arith.model_state_bytes(1, "mixed_adam")["total"] in {m.value for m in items["04-autocast-state-bytes"].mistakes}
+    assert items["04-score-bytes-cuda"].value == precision.autocast_bytes_per_score("cuda") == 6
+
+
 def test_chapter_05_against_published_figures():
     value = {item_id: item.value for item_id, item in key("05_checkpointing_accumulation").items()}
     # Korthikanti et al.: full recomputation keeps 2·s·b·h bytes per layer -> 32 x 16 MiB.
