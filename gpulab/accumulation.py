@@ -59,17 +59,20 @@ def _take_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def accumulated_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-                          micro_batches: int, loss_fn=None) -> dict[str, torch.Tensor]:
+                          micro_batches: int, loss_fn=None,
+                          loss_factor: float | None = None) -> dict[str, torch.Tensor]:
     """Gradients accumulated over ``micro_batches`` equal parts of the batch, each part's loss
-    divided by ``micro_batches``: the usual accumulation loop, without the optimizer step.
+    multiplied by ``loss_factor`` (by default 1/``micro_batches``): the usual accumulation loop,
+    without the optimizer step.
 
     ``loss_fn(model, inputs, targets)`` returns a micro-batch's mean loss; by default
     ``gpt_loss``. Gradients already in the model are cleared first.
     """
     loss_fn = loss_fn if loss_fn is not None else gpt_loss
+    loss_factor = 1 / micro_batches if loss_factor is None else loss_factor
     model.zero_grad(set_to_none=True)
     for x, y in zip(_split(inputs, micro_batches), _split(targets, micro_batches)):
-        (loss_fn(model, x, y) / micro_batches).backward()    # .grad += this part's gradient
+        (loss_fn(model, x, y) * loss_factor).backward()      # .grad += this part's gradient
     return _take_gradients(model)
 
 
@@ -117,6 +120,32 @@ def padded_batch(config: GPTConfig, valid_tokens: list[int], seq_len: int,
     positions = torch.arange(seq_len)                                   # (T,)
     padding = positions >= torch.tensor(valid_tokens).unsqueeze(1)      # (B, T)
     return idx, targets.masked_fill(padding, IGNORE_INDEX)
+
+
+def loss_factor_example(config: GPTConfig = SMALL_GPT, seq_len: int = 32,
+                        micro_batches: int = 4, loss_factor: float | None = None,
+                        seed: int = 0) -> dict:
+    """Which factor on each micro-batch's mean loss gives the full batch's gradient? Measured.
+
+    Accumulates the course GPT's gradients over ``micro_batches`` equal micro-batches (2 rows
+    each) with no factor, and finds the one number c that best turns that sum into the full
+    batch's gradient g: c = <sum, g> / <sum, sum> (least squares over every parameter). It is
+    1/``micro_batches`` up to float rounding, since the sum of k means is k times the mean.
+    Then accumulates with ``loss_factor`` (default 1/k) and compares. Returns a dict:
+    ``measured factor``, ``max |difference|`` (with ``loss_factor``), ``largest gradient``.
+    """
+    check_positive_integers(micro_batches=micro_batches, seq_len=seq_len)
+    torch.manual_seed(seed)
+    model = GPT(config)
+    idx, targets = padded_batch(config, [seq_len] * (2 * micro_batches), seq_len, seed)
+    reference = full_batch_gradients(model, idx, targets)
+    summed = accumulated_gradients(model, idx, targets, micro_batches, loss_factor=1.0)
+    dot = sum((summed[n] * reference[n]).sum().item() for n in reference)
+    norm = sum((summed[n] ** 2).sum().item() for n in reference)
+    scaled = accumulated_gradients(model, idx, targets, micro_batches, loss_factor=loss_factor)
+    return {"measured factor": dot / norm,
+            "max |difference|": max_abs_difference(scaled, reference),
+            "largest gradient": max(g.abs().max().item() for g in reference.values())}
 
 
 def uneven_token_counts_example(config: GPTConfig = SMALL_GPT, seq_len: int = 32,

@@ -159,6 +159,18 @@ def test_accumulated_gradients_equal_the_full_batch(micro_batches):
         acc.accumulated_gradients(model, idx, targets, 3)
 
 
+@pytest.mark.parametrize("micro_batches", [2, 4])
+def test_the_measured_loss_factor_is_one_over_k(micro_batches):
+    """Experiment 2 of chapter 05 reads the learner's factor: 1/k reproduces the full batch;
+    no scaling (1) gives k times its gradient; the least-squares factor is 1/k."""
+    right = acc.loss_factor_example(micro_batches=micro_batches)
+    assert right["measured factor"] == pytest.approx(1 / micro_batches, rel=1e-5)
+    assert right["max |difference|"] < 1e-6
+    unscaled = acc.loss_factor_example(micro_batches=micro_batches, loss_factor=1.0)
+    assert unscaled["max |difference|"] == pytest.approx(
+        (micro_batches - 1) * unscaled["largest gradient"], rel=1e-3)
+
+
 def test_uneven_token_counts_need_the_token_weighted_loss():
     out = acc.uneven_token_counts_example()
     assert out["valid tokens per micro-batch"] == [64, 8]

@@ -123,6 +123,29 @@ def test_chapter_03_against_published_figures():
     assert value["03-add-ms"] == pytest.approx(6e9 / 3.35e12 * 1e3)
 
 
+def test_chapter_03_grades_rounded_answers_right_and_named_slips_wrong():
+    """Issue 16: a FLOP count to 5 significant figures passes; the ≈B shortcut (= the weight's
+    bytes alone) and the weights-only roofline time fail with their own diagnosis; an add's
+    compute time uses the CUDA-core peak, never the tensor cores'; the rows item is exact."""
+    items = key("03_throughput")
+    judge(items["03-matmul-flops"], 1.8468e11)
+    judge(items["03-linear-train-flops"], 5.5405e11)
+    judge(items["03-gpt-flops-per-token"], 2.2066e7)
+    judge(items["03-intensity-b32"], 31.75)
+    judge(items["03-roofline-us"], 40.38)
+    weights_only_us = 2 * 8192**2 / 3.35e12 * 1e6                   # 40.06 µs
+    for item_id, slip in (("03-intensity-b32", 32), ("03-roofline-us", weights_only_us)):
+        with pytest.raises(WrongAnswer, match="weight's bytes alone"):
+            judge(items[item_id], slip)
+    compute = [m for m in items["03-add-ms"].mistakes if "compute time" in m.says]
+    assert [m.value for m in compute] == [pytest.approx(1e9 / 66.9e12 * 1e3)]   # H100 FP32, CUDA cores
+    # B ≥ I / (1 − I·2/8192) with I = 989.4 / 3.35 = 295.3: 318.3, so 319 rows; not the ≈B 296.
+    assert items["03-rows-compute-bound"].value == 319
+    for slip in (296, 318):
+        with pytest.raises(WrongAnswer):
+            judge(items["03-rows-compute-bound"], slip)
+
+
 def test_chapter_04_against_published_figures():
     import torch
 
@@ -218,6 +241,12 @@ def test_chapter_05_against_published_figures():
     assert value["05-recompute-flops"] == pytest.approx(8 * 7e9 * 1e9)
     assert value["05-recompute-overhead"] == pytest.approx(1 / 3)
     assert value["05-sqrt-segment"] == 6                          # √36 (Chen et al.'s √L rule)
+    # Segments of 2 vs 1 with A = sbh(34 + 5as/h) = 114·sbh and S = 2·sbh: L = 2A/S = 114 layers,
+    # where the two keep the same; with fused attention (A = 34·sbh) 34 layers (issue 16).
+    assert value["05-k2-layers"] == 114
+    from gpulab import arith
+    assert arith.segment_activation_bytes(114, 1, 2, 114) == arith.segment_activation_bytes(114, 2, 2, 114)
+    assert arith.segment_activation_bytes(35, 2, 2, 34) < arith.segment_activation_bytes(35, 1, 2, 34)
     assert (value["05-global-batch"], value["05-accum-steps"], value["05-loss-factor"]) == (512, 16, 0.25)
 
 

@@ -13,13 +13,20 @@ from gpulab.models import GPTConfig
 # The numbers stated in the questions (solutions/05_checkpointing_accumulation, "Quiz" sections).
 L, S, B, H, A = 32, 2048, 1, 4096, 32                  # quiz 1: a 32-layer 16-bit model
 N, D = 7e9, 1e9                                        # quizzes 2-3
-BLOCKS = 36                                            # quiz 4
+BLOCKS = 36                                            # quiz 4 (quiz 5 reuses quiz 1's model)
 COURSE_GPT = GPTConfig(vocab_size=1000, block_size=128, n_layer=4, n_head=4, n_embd=256)
-BUDGET, SEQ, TARGET = 140 * MiB, 128, 64               # quiz 8: fp32 AdamW, accumulating, every block
+BUDGET, SEQ, TARGET = 140 * MiB, 128, 64               # quiz 9: fp32 AdamW, accumulating, every block
 
 full_layer = arith.activation_bytes_per_layer(S, B, H, A, recompute="full")
 selective_layer = arith.activation_bytes_per_layer(S, B, H, A, recompute="selective")
+stored_layer = arith.activation_bytes_per_layer(S, B, H, A)           # scores stored: 34 + 5as/h
 plain, recomputed = arith.training_flops(N, D), arith.training_flops(N, D, recompute=True)
+
+
+def k2_crossing(block_bytes: float, input_bytes: float = full_layer) -> float:
+    """Depth L at which segments of 2 blocks keep as much as segments of 1 (quiz 5):
+    arith.segment_activation_bytes equal for k = 1 and 2, L·S + A = (L/2)·S + 2A, so L = 2A/S."""
+    return 2 * block_bytes / input_bytes
 
 
 def accumulation_for_target(checkpointing) -> int:
@@ -51,6 +58,17 @@ ITEMS = [
                         "37 units."),
         Mistake(1, "segments of one block keep all 36 inputs: 37 units. Balance the two terms."),
         Mistake(BLOCKS // 2, "18 gives 2 + 18 = 20 units; the sum is smallest where L/k = k."),
+    )),
+    Item("05-k2-layers", k2_crossing(stored_layer), "layers", rel_tol=0.01, mistakes=(
+        Mistake(k2_crossing(selective_layer), "that leaves out the attention scores' 5as/h "
+                "(80 here): it holds with fused attention, but this model stores the scores."),
+        Mistake(stored_layer / full_layer, "that is A/S, the block-to-input ratio; segments of 2 "
+                "keep L/2 inputs but rebuild 2 blocks: L·S + A = (L/2)·S + 2A gives L = 2A/S."),
+        Mistake(4 * stored_layer / full_layer, "that is where the continuous optimum √(L·S/A) "
+                "reaches 2; whole segments of 2 already beat segments of 1 where the two "
+                "memories are equal: L·S + A = (L/2)·S + 2A."),
+        Mistake(selective_layer / full_layer, "that is A/S without the attention scores; set "
+                "L·S + A = (L/2)·S + 2A with A = s·b·h·(34 + 5as/h)."),
     )),
     Item("05-global-batch", arith.global_batch(4, 8, 16), "sequences", mistakes=(
         Mistake(4 * 8, "multiply by the 16 data-parallel GPUs too: each runs its own micro-batches."),
