@@ -184,7 +184,7 @@ def test_chapter_04_scale_after_matches_a_real_grad_scaler():
 
 
 def test_chapter_04_linear_answer_is_what_autograd_saves():
-    """Quiz 12's bytes, measured: the layer's saved tensors under bf16 autocast."""
+    """Quiz 13's bytes, measured: the layer's saved tensors under bf16 autocast."""
     import torch
 
     from gpulab import precision
