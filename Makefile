@@ -15,7 +15,7 @@ GRADED ?=
 READY := $(VENV)/.gpulab-ready
 BIN   := $(VENV)/bin
 
-.PHONY: setup lab test release autograde feedback book bench gpu-check doctor clean
+.PHONY: setup lab test release autograde feedback book bench gpu-check doctor clean screenshots
 
 setup: $(READY)
 
@@ -32,12 +32,16 @@ LAB_COMMAND = PATH="$(abspath $(BIN)):$$PATH" JUPYTER_CONFIG_PATH="$(CURDIR)/aut
 lab: $(READY)
 	$(LAB_COMMAND) $(LAB_ARGS)
 
-# Unit tests, the nbgrader round trip, and every solution notebook executed by nbval, on 2 workers.
+# Unit tests, the nbgrader round trip, the browser tests, and every chapter's untouched student
+# release executed by nbval (it must run top to bottom: no cell may raise), on 2 workers. The
+# solution notebooks run too: graded in tests/test_pipeline.py and built into the book (with
+# strict checks) in tests/test_book.py.
 # One thread per PyTorch process: two workers each running kernels with a thread per core would
 # oversubscribe the cores, and OpenMP's waiting threads then slow every step several-fold.
 test: $(READY)
 	@scripts/setup_sandbox.sh
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope -p nbval --nbval-lax tests solutions
+	@scripts/setup_browser.sh
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope -p nbval --nbval-lax tests notebooks
 
 doctor: $(READY)
 	$(BIN)/python -m gpulab doctor
@@ -60,6 +64,12 @@ book: $(READY)
 
 bench: $(READY)
 	$(BIN)/python scripts/bench.py
+
+# PNGs of each chapter's key views (a quiz with its feedback, the main plot, the calculator) in
+# book/screenshots/, taken in JupyterLab with the browser tests' driver (Chromium + Playwright).
+screenshots: $(READY)
+	@scripts/setup_browser.sh
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/screenshots.py
 
 gpu-check: $(READY)
 	$(BIN)/python scripts/gpu_check.py
