@@ -184,8 +184,9 @@ def grad_scaler_scale(overflows, **rule) -> float:
 # (docs, torch.amp) and, for the exact torch release, its own test lists
 # (torch/testing/_internal/autocast_test_lists.py: AutocastTestLists.torch_fp32 for CUDA,
 # AutocastCPUTestLists.torch_fp32 and nn_fp32 for the CPU; tests/test_precision.py reads them).
-# On CUDA the list has softmax, log_softmax, layer_norm, exp and sum; on the CPU it has only
-# losses (cross_entropy through nll_loss), so softmax and layer_norm run in their input's dtype.
+# On CUDA the list has softmax, log_softmax, layer_norm, exp and sum; on the CPU it has the losses
+# (cross_entropy through nll_loss) and a few others, not these, so there softmax and layer_norm
+# run in their input's dtype.
 # Below are the ops of this list that the course's GPT uses, or that the notebook shows.
 FLOAT32_OPS = {
     "cuda": ("softmax", "log_softmax", "layer_norm", "exp", "sum", "cross_entropy"),
