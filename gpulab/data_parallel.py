@@ -21,7 +21,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from gpulab.dist import worker_device
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from gpulab.dist import worker_device, worker_mesh
 from gpulab.measure import synchronize
 from gpulab.models import GPT, GPTConfig
 from gpulab.precision import sample_batch, text_corpus
@@ -29,6 +31,17 @@ from gpulab.precision import sample_batch, text_corpus
 # A 2-layer byte-level GPT: small enough for 2 CPU processes to train in seconds.
 CONFIG = GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=64)
 MODES = ("by hand, per tensor", "by hand, one bucket", "DDP")
+# DDP with a communication hook that all-reduces bf16 copies of the fp32 gradients: half the
+# bytes, but no longer equal to the one-process run (bf16 keeps 8 significant bits).
+COMPRESSED = "DDP, bf16 compression hook"
+
+
+def seeded_gpt(device) -> GPT:
+    """The GPT every rank and the one-process reference start from: built on the CPU with seed
+    0, then moved. Built on ``cuda:r`` directly, its weights would come from that GPU's random
+    generator, which differs from the CPU's: same seed, different weights."""
+    torch.manual_seed(0)
+    return GPT(CONFIG).to(device)
 
 
 def global_batch(step: int, batch: int, seq_len: int, data: torch.Tensor, device):
@@ -36,8 +49,9 @@ def global_batch(step: int, batch: int, seq_len: int, data: torch.Tensor, device
     return sample_batch(data, batch, seq_len, torch.Generator().manual_seed(1000 + step), device)
 
 
-def all_reduce_gradients(model: torch.nn.Module, world_size: int, one_bucket: bool) -> None:
-    """Average the gradients over the ranks: sum them with all-reduce, divide by the ranks."""
+def all_reduce_gradients(model: torch.nn.Module, world_size: int, one_bucket: bool) -> int:
+    """Average the gradients over the ranks: sum them with all-reduce, divide by the ranks.
+    Returns the bytes this rank handed to all-reduce (the gradients as they are: fp32 here)."""
     grads = [p.grad for p in model.parameters()]
     if one_bucket:                     # one large message: pays the per-message latency once
         flat = torch.cat([g.flatten() for g in grads])
@@ -51,6 +65,17 @@ def all_reduce_gradients(model: torch.nn.Module, world_size: int, one_bucket: bo
             dist.all_reduce(g)
     for g in grads:
         g.div_(world_size)
+    return sum(g.numel() * g.element_size() for g in grads)
+
+
+def _counted(hook, sent_dtype):
+    """A DDP communication hook that runs ``hook`` and adds the bytes it all-reduces, each
+    bucket's values in ``sent_dtype`` (None: the gradients' own dtype), to state["bytes"]."""
+    def counted(state, bucket):
+        grads = bucket.buffer()
+        state["bytes"] += grads.numel() * (sent_dtype or grads.dtype).itemsize
+        return hook(None, bucket)      # None: the default process group
+    return counted
 
 
 def _flat_params(model: torch.nn.Module) -> torch.Tensor:
@@ -61,19 +86,24 @@ def train(rank: int, world_size: int, mode: str, steps: int = 10, batch: int = 1
           seq_len: int = 64, lr: float = 0.05, bucket_cap_mb: float = 0.1) -> dict:
     """Worker: train a fresh GPT (same seed on every rank) with SGD for ``steps`` steps, each
     rank on its slice of the global batch, synchronising gradients as ``mode`` says. Returns
-    the final parameters (flattened, on the CPU), the median step time and, by hand, the median
-    time spent in all-reduce."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    the final parameters (flattened, on the CPU), the median step time, the bytes this rank
+    handed to all-reduce in the last step and, by hand, the median time spent in all-reduce."""
+    if mode not in MODES + (COMPRESSED,):
+        raise ValueError(f"mode must be one of {MODES + (COMPRESSED,)}, got {mode!r}")
     if batch % world_size:
         raise ValueError(f"the global batch {batch} must divide evenly over {world_size} ranks")
     device = worker_device(rank)
     data = text_corpus(200_000)
-    torch.manual_seed(0)
-    model = GPT(CONFIG, device=device)
-    if mode == "DDP":
-        # Small buckets so that this small model has several, and overlap can happen.
+    model = seeded_gpt(device)
+    by_hand = mode.startswith("by hand")
+    sent = {"bytes": 0}
+    if not by_hand:
+        # Small buckets so that this small model has several, and overlap can happen. The hook
+        # is DDP's own default (allreduce_hook) or bf16_compress_hook, counted.
         model = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+        hook, dtype = ((default_hooks.bf16_compress_hook, torch.bfloat16) if mode == COMPRESSED
+                       else (default_hooks.allreduce_hook, None))
+        model.register_comm_hook(sent, _counted(hook, dtype))
     else:
         for p in model.parameters():   # start identical, as DDP's constructor ensures
             dist.broadcast(p.data, src=0)
@@ -82,35 +112,44 @@ def train(rank: int, world_size: int, mode: str, steps: int = 10, batch: int = 1
     for step in range(steps):
         idx, targets = global_batch(step, batch, seq_len, data, device)
         mine = slice(rank * batch // world_size, (rank + 1) * batch // world_size)
+        sent["bytes"] = 0
         start = time.perf_counter()
         _, loss = model(idx[mine], targets[mine])
         loss.backward()
-        if mode != "DDP":
+        if by_hand:
+            # On a GPU both calls only enqueue work: wait for backward's kernels before the
+            # clock starts, and for the all-reduce itself (NCCL's stream) before it stops. The
+            # barrier keeps out the wait for a slower rank to finish its backward.
+            synchronize(device)
+            dist.barrier()
             comm_start = time.perf_counter()
-            all_reduce_gradients(model, world_size, one_bucket=mode == "by hand, one bucket")
+            sent["bytes"] = all_reduce_gradients(model, world_size,
+                                                 one_bucket=mode == "by hand, one bucket")
+            synchronize(device)
             comm_times.append(time.perf_counter() - comm_start)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         synchronize(device)
         step_times.append(time.perf_counter() - start)
-    module = model.module if mode == "DDP" else model
+    module = model if by_hand else model.module
     return {"params": _flat_params(module),
             "step_seconds": statistics.median(step_times[1:]),      # the first step warms up
-            "comm_seconds": statistics.median(comm_times[1:]) if comm_times else None}
+            "comm_seconds": statistics.median(comm_times[1:]) if comm_times else None,
+            "allreduce_bytes": sent["bytes"]}
 
 
 def compare_modes(rank: int, world_size: int, steps: int = 10, batch: int = 16,
                   seq_len: int = 64) -> dict[str, dict]:
     """Worker: ``train`` in every mode, one after the other in the same process group."""
-    return {mode: train(rank, world_size, mode, steps, batch, seq_len) for mode in MODES}
+    return {mode: train(rank, world_size, mode, steps, batch, seq_len)
+            for mode in MODES + (COMPRESSED,)}
 
 
 def train_one_process(steps: int = 10, batch: int = 16, seq_len: int = 64, lr: float = 0.05,
                       device="cpu") -> torch.Tensor:
     """The reference: one process, the whole global batch each step. Final parameters."""
     data = text_corpus(200_000)
-    torch.manual_seed(0)
-    model = GPT(CONFIG, device=device)
+    model = seeded_gpt(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     for step in range(steps):
         idx, targets = global_batch(step, batch, seq_len, data, device)
@@ -128,21 +167,20 @@ def sharded_state(rank: int, world_size: int) -> dict[str, int]:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     device = worker_device(rank)
-    idx = torch.randint(0, CONFIG.vocab_size, (2, 32), device=device,
-                        generator=torch.Generator(device=device).manual_seed(rank))
-    torch.manual_seed(0)
-    model = GPT(CONFIG, device=device)
+    idx = torch.randint(0, CONFIG.vocab_size, (2, 32),
+                        generator=torch.Generator().manual_seed(rank)).to(device)
+    model = seeded_gpt(device)
     zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
     model(idx, idx)[1].backward()
     zero.step()
     state = sum(t.numel() for s in zero.optim.state.values() for t in s.values()
                 if torch.is_tensor(t) and t.dim() > 0)   # exp_avg and exp_avg_sq, not the step count
 
-    torch.manual_seed(0)
-    sharded = GPT(CONFIG, device=device)
+    sharded = seeded_gpt(device)
+    mesh = worker_mesh(world_size, device)   # the ranks' real device, not fully_shard's guess
     for block in sharded.blocks:       # each block its own unit: gathered just before it runs
-        fully_shard(block)
-    fully_shard(sharded)
+        fully_shard(block, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
     local = sum(p.to_local().numel() for p in sharded.parameters())
     sharded(idx, idx)[1].backward()    # forward and backward gather and re-shard each unit
     return {"params": GPT.count_params(CONFIG), "zero_adam_state": state, "fsdp_params": local}

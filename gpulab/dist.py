@@ -1,10 +1,13 @@
-"""Launch N worker processes from a notebook, one per GPU, the way torchrun does.
+"""Launch N worker processes from a notebook, the way torchrun does.
 
     results = launch(worker, n_ranks=2, args=(...,))   # worker(rank, world_size, *args) per rank
 
 Why processes: distributed training runs one process per GPU, as torchrun does, each with its
 own interpreter and CUDA context. Ranks meet at MASTER_ADDR:MASTER_PORT, a free port each time: a
-fixed one (torchrun's 29500) collides when two runs overlap. gloo on CPU, NCCL on GPUs.
+fixed one (torchrun's 29500) collides when two runs overlap. NCCL when every rank has a GPU of
+its own, else gloo with every rank on the CPU (``default_backend``). Two ranks unless the caller
+asks for more: on a shared 8-GPU server, a rank per visible GPU would open a CUDA context on
+every one of them.
 Scripts are launched with ``torchrun --standalone --nproc_per_node=N script.py``; this launcher is
 for notebooks, where a rank that raises, dies or hangs must end the run with a LaunchError naming
 it, not leave its peers blocked in a collective and the notebook hung, nor outlive the call.
@@ -54,12 +57,24 @@ def default_backend(n_ranks: int) -> str:
 
 
 def worker_device(rank: int, backend: str | None = None) -> torch.device:
-    """Inside a worker: the device this rank computes on, cuda:<rank> under NCCL, else the CPU.
-    ``backend`` None means the backend of the current process group."""
+    """Inside a worker: the device this rank computes on, cuda:<rank> under NCCL, else the CPU
+    (gloo ranks never touch a GPU, even where one exists). ``backend`` None means the backend of
+    the current process group. Pure: ``_run_rank`` already made cuda:<rank> current under NCCL."""
     if (backend or dist.get_backend()) != "nccl":
         return torch.device("cpu")
-    torch.cuda.set_device(rank)  # NCCL talks to the current device: make it this rank's GPU
     return torch.device("cuda", rank)
+
+
+def worker_mesh(world_size: int, device: torch.device):
+    """Inside a worker: a 1-D DeviceMesh of all ranks on the device they really use, for FSDP2.
+
+    Given no mesh, ``fully_shard`` builds one for the accelerator torch was built with, so a
+    CUDA mesh wherever CUDA exists, even when the ranks run gloo on the CPU; and a CUDA mesh
+    calls ``torch.cuda.set_device(LOCAL_RANK)`` first, which on a one-GPU host fails for rank 1
+    ("invalid device ordinal"). An explicit mesh of ``device.type`` does neither."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (world_size,))
 
 
 def launch(worker, n_ranks: int = 2, args: tuple = (), timeout: float = 30.0,
@@ -132,10 +147,14 @@ def _run_rank(worker, rank, world_size, args, port, backend, timeout, conn) -> N
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
+        device_id = None
+        if backend == "nccl":  # NCCL talks to the current device: make it this rank's GPU
+            device_id = worker_device(rank, backend)
+            torch.cuda.set_device(device_id)
+        # device_id binds the group to that GPU: NCCL's communicator is created here, not
+        # lazily inside the first (timed) collective, and barrier() knows which GPU to use.
         dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout))
+                                timeout=timedelta(seconds=timeout), device_id=device_id)
         reply = pickle.dumps(("ok", worker(rank, world_size, *args)))
     except BaseException as e:  # KeyboardInterrupt and SystemExit too: launch must hear of them
         reply = pickle.dumps(("error", f"{type(e).__name__}: {e}", traceback.format_exc(),

@@ -58,6 +58,26 @@ def fail_on_rank_1(rank, world_size, how, pid_dir):
     return rank
 
 
+def sharded_state_on_a_one_gpu_host(rank, world_size):
+    """Chapter 06's ZeRO/FSDP worker as it runs on a host with CUDA and ONE GPU, where two
+    ranks use gloo on the CPU: torch is told CUDA exists with one device (its accelerator is
+    CUDA), and, as on such a host, making GPU 1 current fails. The worker must keep to the CPU."""
+    asked = []
+
+    def set_device(device):
+        asked.append(str(device))
+        index = device if isinstance(device, int) else torch.device(device).index
+        if index is not None and index >= 1:
+            raise RuntimeError("CUDA error: invalid device ordinal")
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.set_device = set_device
+    torch._C._get_accelerator = lambda: torch.device("cuda")
+    from gpulab import data_parallel  # here, not at the top: every test's ranks import this file
+    return data_parallel.sharded_state(rank, world_size), asked
+
+
 # ----------------------------------------------------------------------------- helpers
 
 def assert_all_gone(pid_dir=None):
@@ -197,3 +217,97 @@ def test_default_backend_follows_the_machine(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     assert [default_backend(n) for n in (1, 4, 5)] == ["nccl", "nccl", "gloo"]
+
+
+def test_one_gpu_host_two_ranks_stay_on_the_cpu(monkeypatch):
+    """Issue 13, findings 1 and 10: on a host with one GPU, two ranks (the chapter's default)
+    run gloo on the CPU, every rank's device is the CPU, and FSDP's mesh is a CPU mesh: no rank
+    asks for a GPU (fully_shard's default mesh would follow torch's accelerator, CUDA, and make
+    GPU LOCAL_RANK current: "invalid device ordinal" on rank 1)."""
+    from gpulab import data_parallel
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    assert default_backend(2) == "gloo"
+    assert [worker_device(r, "gloo") for r in (0, 1)] == [torch.device("cpu")] * 2
+    monkeypatch.undo()
+    results = launch(sharded_state_on_a_one_gpu_host, 2, backend="gloo", timeout=60)
+    psi = data_parallel.GPT.count_params(data_parallel.CONFIG)
+    for state, asked in results:
+        assert asked == [], f"a gloo rank asked for GPU {asked}"
+        assert state["params"] == psi and state["fsdp_params"] == psi // 2
+    assert sum(state["zero_adam_state"] for state, _ in results) == 2 * psi
+
+
+def test_every_rank_starts_from_the_cpu_built_model(monkeypatch):
+    """Issue 13, finding 2: the ranks and the one-process reference build the GPT on the CPU
+    with the same seed and only then move it, so a rank on cuda:r holds the very weights the
+    CPU reference starts from (a GPU's generator would give others). Moved here to "meta",
+    which any machine has, the model must still have been built on the CPU."""
+    from gpulab import data_parallel
+
+    built_on = []
+    real_gpt = data_parallel.GPT
+
+    def recording_gpt(config, *args, **kwargs):
+        model = real_gpt(config, *args, **kwargs)
+        built_on.append(next(model.parameters()).device)
+        return model
+
+    monkeypatch.setattr(data_parallel, "GPT", recording_gpt)
+    moved = data_parallel.seeded_gpt(torch.device("meta"))
+    assert built_on == [torch.device("cpu")]
+    assert next(moved.parameters()).device == torch.device("meta")
+    first = data_parallel.seeded_gpt("cpu").state_dict()
+    torch.manual_seed(123)  # whatever ran before: the same weights again
+    second = data_parallel.seeded_gpt("cpu").state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of one rank in this process: enough to run a data-parallel worker's
+    code path without spawning anything."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["by hand, per tensor", "by hand, one bucket"])
+def test_all_reduce_time_is_taken_between_two_synchronisations(monkeypatch, one_rank_group, mode):
+    """Issue 13, finding 3: under NCCL a collective only enqueues work, and backward's kernels
+    may still run when the all-reduce is called. The clock must start after a synchronize
+    (backward done) and stop after another (the all-reduce done), every step. Recorded here by
+    replacing synchronize, the barrier, the all-reduce and the clock with loggers (the barrier
+    keeps the wait for a slower rank's backward out of the figure)."""
+    from gpulab import data_parallel
+
+    log = []
+    monkeypatch.setattr(data_parallel, "synchronize", lambda device: log.append("sync"))
+    monkeypatch.setattr(dist, "barrier", lambda: log.append("barrier"))
+    reduce = data_parallel.all_reduce_gradients
+
+    def logged_reduce(*args, **kwargs):
+        log.append("all-reduce")
+        return reduce(*args, **kwargs)
+
+    monkeypatch.setattr(data_parallel, "all_reduce_gradients", logged_reduce)
+    clock = types.SimpleNamespace(perf_counter=lambda: log.append("clock") or time.perf_counter())
+    monkeypatch.setattr(data_parallel, "time", clock)
+    out = data_parallel.train(0, 1, mode, steps=3, batch=2, seq_len=16)
+    timed = "clock sync barrier clock all-reduce sync clock sync clock".split()  # step, comm, comm, step
+    assert log == timed * 3
+    assert out["comm_seconds"] > 0 and out["allreduce_bytes"] == 4 * data_parallel.GPT.count_params(
+        data_parallel.CONFIG)
+
+
+def test_the_chapter_starts_two_ranks_whatever_the_gpus():
+    """Issue 13, finding 10: chapter 06 asks for two ranks, not one per visible GPU (on a shared
+    8-GPU server that would open a CUDA context on every GPU for every learner)."""
+    import nbformat
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    nb = nbformat.read(os.path.join(root, "solutions/06_data_parallel/06_data_parallel.ipynb"), 4)
+    setup = next(c.source for c in nb.cells if "N_RANKS =" in c.source)
+    assert re.search(r"^N_RANKS = 2\b", setup, re.M) and "device_count" not in setup
