@@ -272,9 +272,13 @@ def test_chapter_06_against_published_figures():
     assert value["06-allgather-ms"] == pytest.approx(value["06-allreduce-ms"] / 2)
     # nccl-tests PERFORMANCE.md: busbw = algbw · 2(n−1)/n; 200 GB/s algbw on 8 GPUs -> 350.
     assert value["06-busbw"] == pytest.approx(350)
-    # ZeRO paper: 2Ψ + 14Ψ/8 for Ψ = 7.5B is 28.1 GB; stage 3 traffic 3Ψ in bf16 = 45 GB.
+    # ZeRO paper: 2Ψ + 14Ψ/8 for Ψ = 7.5B is 28.1 GB; stage 3 traffic 3Ψ in bf16 = 45 GB, of
+    # which the ring sends 63/64 on 64 GPUs: 44.3 GB.
     assert value["06-zero2-gb"] == pytest.approx(28.125)
-    assert value["06-zero3-comm-gb"] == pytest.approx(45)
+    assert value["06-zero3-comm-gb"] == pytest.approx(45 * 63 / 64)
+    # torch.autocast keeps fp32 gradients: plain DDP all-reduces 28 GB, twice the bf16 time.
+    assert value["06-autocast-allreduce-ms"] == pytest.approx(2 * value["06-allreduce-ms"])
+    assert value["06-dp-remedy"] == "c"
     assert value["06-zero3-gpus"] == 19                       # ceil(1120 GB / 60 GB)
     assert value["06-step-ms"] == pytest.approx(350)
     assert value["06-min-tokens"] == pytest.approx(7875) and value["06-min-batch"] == 4
@@ -288,3 +292,62 @@ def test_chapter_06_reduce_scatter_answer_is_what_the_ranks_compute():
 
     shown = dist.launch(collectives.show_collectives, 2, backend="gloo")
     assert shown[1]["reduce_scatter"] == ([10.0, 11.0], [key("06_data_parallel")["06-reduce-scatter"].value])
+
+
+def test_chapter_06_grades_both_sides_of_the_rings_factor_as_the_chapter_says():
+    """Issue 16: on 64 GPUs the ring's 63/64 is 1.6%, and the chapter accepts the answer with or
+    without it (8000 tokens is what its prose and min_tokens_compute_bound's docstring say; 45 GB
+    is the ZeRO paper's 3Ψ). On 8 GPUs 7/8 is 14%, and leaving it out stays wrong."""
+    items = key("06_data_parallel")
+    for item_id, exact, rounded in (("06-min-tokens", 7875, 8000), ("06-zero3-comm-gb", 44.3, 45)):
+        judge(items[item_id], exact)
+        judge(items[item_id], rounded)
+    with pytest.raises(WrongAnswer, match=r"\(n−1\)/n"):
+        judge(items["06-allreduce-ms"], 2 * 7e9 * 2 / 450e9 * 1e3)
+    question = _quiz_text("06_data_parallel", "06-zero3-comm-gb")
+    assert "64 GPUs" in question                      # N stated, not left to guess
+
+
+def test_chapter_06_diagnostics_name_the_real_slip():
+    """Issue 16: 900 GB/s (NVLink's two directions added) halves the all-reduce and the
+    all-gather, and the feedback must say so; no feedback for Quiz 11 may mention an 80 GB the
+    question never states; 2-byte gradients under autocast are named."""
+    items = key("06_data_parallel")
+    for item_id, n_bytes, passes in (("06-allreduce-ms", 14e9, 2), ("06-allgather-ms", 14e9, 1),
+                                     ("06-autocast-allreduce-ms", 28e9, 2)):
+        with pytest.raises(WrongAnswer, match="900 GB/s"):
+            judge(items[item_id], passes * 7 / 8 * n_bytes / 900e9 * 1e3)
+    with pytest.raises(WrongAnswer, match="fp32"):
+        judge(items["06-autocast-allreduce-ms"], 2 * 7 / 8 * 14e9 / 450e9 * 1e3)
+    question = _quiz_text("06_data_parallel", "06-zero3-gpus")
+    for mistake in items["06-zero3-gpus"].mistakes:
+        for figure in re.findall(r"\d+ ?GB", mistake.says):
+            assert figure.replace(" ", "") in question.replace(" ", ""), figure
+    for wrong in (18, 14, 3):
+        with pytest.raises(WrongAnswer):
+            judge(items["06-zero3-gpus"], wrong)
+
+
+def _quiz_text(chapter: str, item_id: str) -> str:
+    """The markdown of the quiz whose answer cell is ``answer-<item_id>``."""
+    nb = nbformat.read(ROOT / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    ids = [c.get("id") for c in nb.cells]
+    return nb.cells[ids.index(f"answer-{item_id}") - 1].source
+
+
+def test_key_comments_name_the_notebooks_quiz_numbers():
+    """Each item in a key preceded by a "# Quiz N" comment is answered right below the notebook's
+    "### Quiz N" heading (chapter 06's comments once named the wrong quizzes)."""
+    for key_file in KEY_FILES:
+        numbered = re.findall(r'# Quiz (\d+)\b[^\n]*\n\s*Item\("([^"]+)"', key_file.read_text())
+        if not numbered:
+            continue
+        nb = nbformat.read(ROOT / "solutions" / key_file.stem / f"{key_file.stem}.ipynb", as_version=4)
+        headings = {}
+        for cell, following in zip(nb.cells, nb.cells[1:]):
+            heading = re.match(r"### Quiz (\d+)\b", cell.source) if cell.cell_type == "markdown" else None
+            grade_id = following.metadata.get("nbgrader", {}).get("grade_id", "")
+            if heading and grade_id.startswith("answer-"):
+                headings[grade_id.removeprefix("answer-")] = heading.group(1)
+        for number, item_id in numbered:
+            assert headings.get(item_id) == number, f"{key_file.stem}: {item_id} is not Quiz {number}"

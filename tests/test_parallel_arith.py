@@ -139,6 +139,13 @@ def test_zero_communication_volume():
     # 2-byte gradients at B takes zero_comm_bytes / B in the limit.
     t = arith.allreduce_seconds(psi * 2, 100_000, 50 * GB)
     assert t == pytest.approx(arith.zero_comm_bytes(psi, 0) / (50 * GB), rel=1e-4)
+    # With N given, the exact ring volume: a plain all-reduce's bytes over B is its ring time,
+    # for 8 GPUs as for 64 (chapter 06's quizzes on 64 GPUs accept 45 and 44.3 GB alike).
+    for n in (8, 64):
+        assert arith.zero_comm_bytes(psi, 0, n_gpus=n) / (50 * GB) == pytest.approx(
+            arith.allreduce_seconds(psi * 2, n, 50 * GB), rel=1e-12)
+    assert arith.zero_comm_bytes(psi, 3, n_gpus=64) == pytest.approx(45 * GB * 63 / 64)
+    assert arith.zero_comm_bytes(psi, 2, n_gpus=1) == 0
 
 
 def test_dp_step_overlap_limits():
@@ -233,6 +240,8 @@ def test_docstring_worked_examples():
     (lambda: arith.zero_bytes_per_gpu(7.5e9, 8, 1, "adam"), "recipe must be one of"),
     (lambda: arith.zero_comm_bytes(7.5e9, -1), "stage must be"),
     (lambda: arith.zero_comm_bytes(7.5e9, 3, bytes_per_value=0), "bytes_per_value"),
+    (lambda: arith.zero_comm_bytes(7.5e9, 3, n_gpus=0), "n_gpus"),
+    (lambda: arith.zero_comm_bytes(7.5e9, 3, n_gpus=6.4), "n_gpus"),
     (lambda: arith.dp_step_seconds(-0.1, 0.1), "compute_seconds"),
     (lambda: arith.dp_step_seconds(0.1, -0.1), "comm_seconds"),
     (lambda: arith.dp_step_seconds(0.1, 0.1, overlapped_fraction=1.5), "overlapped_fraction"),
