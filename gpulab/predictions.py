@@ -59,8 +59,8 @@ def compare(what: str, measured: float, formula: float, yours: float | None = No
           f"{'measured / ' + against:>20}")
     print(f"{'':<34}{shown:>16}{formula:>11.4g}{measured:>11.4g}{ratio:>20.3g}")
     if yours is None:
-        print("You wrote no prediction, so the formula stands in for it. Write yours in the "
-              "prediction cell and rerun: the point is to test your own model.")
+        print("You have not made this prediction yet, so the formula stands in for it. Write "
+              "yours above and rerun: the point is to test your own model.")
     factor = f"a factor {1 + tolerance:.3g}"
     if yours is not None:
         print(f"The measurement is {'within' if ratio_is_within(ratio, tolerance) else 'more than'} "
