@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from gpulab import measure
+from gpulab.measure import training_steps
 
 MiB = 2**20
 
@@ -58,10 +59,11 @@ def test_allocated_bytes_on_a_cpu_is_the_storage_size():
 @pytest.mark.parametrize("device, warmup", [("cuda", 2), ("cpu", 1)])
 def test_training_steps_warm_up_twice_on_a_gpu(monkeypatch, device, warmup):
     seen = {}
-    monkeypatch.setattr(measure, "GPT", lambda config, **kwargs: None)
-    monkeypatch.setattr(measure, "make_optimizer", lambda model, name: None)
+    # Patched where training_step_timing looks them up: in the module that holds it.
+    monkeypatch.setattr(training_steps, "GPT", lambda config, **kwargs: None)
+    monkeypatch.setattr(training_steps, "make_optimizer", lambda model, name: None)
     monkeypatch.setattr(torch, "randint", lambda *args, **kwargs: None)
-    monkeypatch.setattr(measure, "time_fn", lambda fn, dev, warmup, repeats: seen.update(
+    monkeypatch.setattr(training_steps, "time_fn", lambda fn, dev, warmup, repeats: seen.update(
         device=str(dev), warmup=warmup, repeats=repeats))
     measure.training_step_timing(device=device, steps=3)
     assert seen == {"device": device, "warmup": warmup, "repeats": 3}
