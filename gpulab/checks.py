@@ -284,9 +284,12 @@ def judge(item: Item, answer) -> str:
     """The verdict message for a right answer; raises WrongAnswer for a wrong one."""
     unit = f" {item.unit}" if item.unit else ""
     if item.choices:
+        choices = ", ".join(map(repr, item.choices))
+        if answer is Ellipsis:
+            raise WrongAnswer(f"{item.id}: not answered yet. Replace the ... with one of {choices}.")
         given = answer.strip().lower() if isinstance(answer, str) else None
         if given not in item.choices:
-            raise WrongAnswer(f"{item.id}: answer with one of {', '.join(map(repr, item.choices))}.")
+            raise WrongAnswer(f"{item.id}: answer with one of {choices}.")
         if given != item.value:
             for mistake in item.mistakes:
                 if str(mistake.value) == given:

@@ -85,6 +85,7 @@ def test_bad_input_gets_a_plain_words_message(answer, words):
 
 
 def test_choice_items():
+    assert "not answered yet" in wrong(CHOICE, ...)
     assert "roof is the bandwidth" in wrong(CHOICE, "compute")
     assert "one of 'compute', 'memory'" in wrong(CHOICE, "latency")
     assert "one of" in wrong(CHOICE, 3)
