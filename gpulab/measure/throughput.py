@@ -82,9 +82,9 @@ def matmul_throughput(n: int = 512, dtype=torch.float32, device=None,
     FLOPs: ``arith.matmul_flops(n, n, n)`` = 2n³; bytes: ``arith.matmul_bytes(n, n, n, p)`` =
     3n²p. ``device`` None means ``best_device()``. Sizes: n = 512 takes about 2 ms in float32 on
     a 2-core CPU, but about 200 ms in bfloat16 on CPUs without native bf16 instructions.
-    On a GPU use n = 8192 in bfloat16 (2n³ = 1.1 TFLOP per call): formulas.md quotes about
-    770-800 TFLOP/s measured on an H200 and ml-engineering's best H100 SXM figure 794.5 of
-    989 TFLOP/s; n = 512 there measures mostly launch overhead. float32 on a GPU runs on the
+    On a GPU use n = 8192 in bfloat16 (2n³ = 1.1 TFLOP per call): ml-engineering (Stas Bekman,
+    "Maximum Achievable Matmul FLOPS") reports a best of 794.5 of the datasheet's 989 TFLOP/s on
+    an H100 SXM; n = 512 there measures mostly launch overhead. float32 on a GPU runs on the
     CUDA cores (``hardware.peak_flops(spec, torch.float32)``) unless TF32 is switched on.
     Chapter 03, "Timing a GPU correctly".
     """
