@@ -275,15 +275,13 @@ class Watchdog(threading.Thread):
             elif _grew(self.private_dir):
                 self.reason = "wrote files into the folder of its connection sockets"
             if self.reason:
-                for pid in (init, self.bwrap_pid):   # the namespace's init: all of it goes
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                _kill(init, self.bwrap_pid)
                 return
 
     def _sandbox_init(self) -> int | None:
-        """bubblewrap's first child, the sandbox's PID 1, once its /proc is the sandbox's own."""
+        """bubblewrap's first child, the sandbox's PID 1, once its /proc is the sandbox's own.
+        A sandbox that cannot be watched is not left to run unwatched: it is stopped."""
+        give_up = time.monotonic() + 60
         while not self._stop_event.wait(0.02):
             init = _child_of(self.bwrap_pid)
             if init is None and not Path(f"/proc/{self.bwrap_pid}").exists():
@@ -293,7 +291,22 @@ class Watchdog(threading.Thread):
                     return init
             except OSError:
                 pass                        # not set up yet (or already gone)
+            if time.monotonic() > give_up:
+                self.reason = "could not be watched (the grader cannot read the sandbox's /proc)"
+                _kill(init, self.bwrap_pid)
+                return None
         return None
+
+
+def _kill(*pids: int | None) -> None:
+    """SIGKILL to the sandbox's init (the kernel then ends every process in its PID namespace)
+    and to bubblewrap."""
+    for pid in pids:
+        try:
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _grew(private_dir: str) -> bool:
