@@ -347,26 +347,6 @@ def autocast_saved_bytes(config: GPTConfig, batch: int, seq_len: int, device_typ
 # ------------------------------------------------------------------------------------------
 # Predict, then measure
 
-def compare(what: str, yours, formula: float | None, measured: float, unit: str = "",
-            tolerance: float = 0.05, gap: str = "") -> str:
-    """One line for the notebook: your prediction | formula | measured | ratio, where ratio =
-    measured / your prediction, or measured / the formula where you gave none (``yours`` is
-    ``None`` or ``...``; a second line says so). Where the ratio is off by more than
-    ``tolerance``, a line gives ``gap``, the likely reason."""
-    answered = yours is not None and yours is not Ellipsis
-    basis = yours if answered else formula
-    shown = lambda x: "n/a" if x is None else f"{x:,.4g}{unit}"  # noqa: E731
-    ratio = measured / basis if basis else float("nan")
-    line = (f"{what}: your prediction {shown(yours) if answered else '(none)'} | formula "
-            f"{shown(formula)} | measured {shown(measured)} | ratio {ratio:.3f}")
-    notes = []
-    if not answered:
-        notes.append("no prediction given: the ratio compares the measurement with the formula.")
-    if basis and not abs(ratio - 1) <= tolerance:
-        notes.append(f"off by more than {tolerance:.0%}. {gap}".rstrip())
-    return "\n".join([line] + [f"  -> {note}" for note in notes])
-
-
 # ------------------------------------------------------------------------------------------
 # Training in each precision, on text every Python install has
 

@@ -17,8 +17,10 @@ import math
 import numbers
 
 
-def _number(x) -> str:
-    return f"{x:,.0f}" if abs(x) >= 1e5 else f"{x:.4g}"
+def _number(x, unit: str = "") -> str:
+    if x is None:
+        return "n/a"
+    return (f"{x:,.0f}" if abs(x) >= 1e5 else f"{x:.4g}") + unit
 
 
 def _as_prediction(mine) -> float | None:
@@ -30,26 +32,35 @@ def _as_prediction(mine) -> float | None:
     return float(mine)
 
 
-def line(what: str, measured: float, formula: float, mine=None, tolerance: float = 0.05,
-         gap: str = "") -> str:
+def line(what: str, measured: float, formula: float | None, mine=None, tolerance: float = 0.05,
+         gap: str = "", unit: str = "") -> str:
     """One line: ``what``: your prediction | formula | measured | measured / your prediction.
 
     ``tolerance`` is relative (0.05 = 5%): how close the measurement is expected to come. Outside
     it, a second line says so and gives ``gap``, the likely reason the caller knows for this
     experiment. Where the learner's prediction is off but the formula matches, a third line says
-    to recheck the working rather than blame the machine.
+    to recheck the working rather than blame the machine. ``formula`` is None where the course
+    has no formula for this device (the ratio is then against your prediction alone); ``unit``
+    is printed after each number (e.g. " B").
     """
     given = _as_prediction(mine)
     reference = formula if given is None else given
-    if measured == reference:
+    if reference is None:
+        ratio = math.nan            # nothing to compare with: no prediction and no formula
+    elif measured == reference:
         ratio = 1.0                 # also 0 GPUs predicted and 0 found
     else:
         ratio = measured / reference if reference else math.inf
-    yours = ("your prediction: none yet, the formula stands in" if given is None
-             else f"your prediction {_number(given)}")
-    lines = [f"{what}: {yours} | formula {_number(formula)} | measured {_number(measured)} | "
-             f"measured/{'formula' if given is None else 'yours'} {ratio:.3f}"]
-    if abs(ratio - 1) > tolerance:
+    if given is not None:
+        yours = f"your prediction {_number(given, unit)}"
+    elif formula is not None:
+        yours = "your prediction: none yet, the formula stands in"
+    else:
+        yours = "your prediction: none yet (no formula for this device either)"
+    lines = [f"{what}: {yours} | formula {_number(formula, unit)} | measured "
+             f"{_number(measured, unit)} | measured/{'formula' if given is None else 'yours'} "
+             f"{ratio:.3f}"]
+    if reference is not None and abs(ratio - 1) > tolerance:
         lines.append(f"  gap over the ±{tolerance * 100:g}% tolerance"
                      + (f": {gap}" if gap else "."))
         if given is not None and formula and abs(measured / formula - 1) <= tolerance:

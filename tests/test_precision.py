@@ -536,17 +536,3 @@ def test_step_seconds_reads_nothing_back_from_the_device(precision, corpus, monk
     monkeypatch.setattr(torch.Tensor, "item", lambda t: calls.append(1) or item(t))
     seconds = P.step_seconds(TINY, precision, 4, 16, "cpu", corpus, steps=2, warmup=1)
     assert seconds > 0 and calls == []
-
-
-def test_compare_prints_the_four_columns_and_explains_a_gap():
-    line = P.compare("x", 10, 10, 10.2, " B", tolerance=0.05, gap="why")
-    assert line == "x: your prediction 10 B | formula 10 B | measured 10.2 B | ratio 1.020"
-    off = P.compare("x", 10, 10, 12, tolerance=0.05, gap="why")
-    assert "ratio 1.200" in off and "off by more than 5%. why" in off
-    mine = P.compare("x", 20, 10, 20, tolerance=0.05)     # the ratio is against your prediction
-    assert mine == "x: your prediction 20 | formula 10 | measured 20 | ratio 1.000"
-    for unanswered in (None, ...):
-        fallback = P.compare("x", unanswered, 10, 10)
-        assert "your prediction (none)" in fallback and "ratio 1.000" in fallback
-        assert "no prediction given" in fallback
-    assert "formula n/a" in P.compare("x", 3, None, 3)

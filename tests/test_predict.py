@@ -34,3 +34,14 @@ def test_large_numbers_print_with_thousands_separators():
 
 def test_zero_predicted_and_zero_measured_agree():
     assert line("GPUs", 0, 0, 0).endswith("measured/yours 1.000")
+
+
+def test_a_unit_follows_each_number():
+    text = line("x", 10.2, 10, 10, tolerance=0.05, unit=" B")
+    assert text == "x: your prediction 10 B | formula 10 B | measured 10.2 B | measured/yours 1.020"
+
+
+def test_without_a_formula_the_prediction_alone_is_compared():
+    assert "formula n/a" in line("x", 3, None, 3) and line("x", 3, None, 3).endswith("yours 1.000")
+    nothing = line("x", 3, None, None)
+    assert "none yet (no formula" in nothing and "gap" not in nothing
