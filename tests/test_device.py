@@ -396,3 +396,56 @@ def test_visible_gpu_counts_runs_each_setting_in_its_own_process(monkeypatch):
     assert counts == {"hide": 0, "late": torch.cuda.device_count(),
                       "unset": torch.cuda.device_count()}
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+# ------------------------------------------------------------------------------------------
+# Chapter 01, Experiment 4 (issue 13, finding 4), run against a simulated asynchronous GPU
+
+class SimulatedGPU:
+    """A GPU that runs queued kernels one after another, KERNEL seconds each, while the host
+    only pays a few microseconds per launch and its clock moves on."""
+
+    KERNEL, LAUNCH = 1.0, 1e-5
+
+    def __init__(self):
+        self.host = self.busy_until = 0.0
+
+    def perf_counter(self) -> float:
+        return self.host
+
+    def launch(self) -> None:
+        self.busy_until = max(self.busy_until, self.host) + self.KERNEL
+        self.host += self.LAUNCH
+
+    def synchronize(self, device=None) -> None:
+        self.host = max(self.host, self.busy_until)
+
+
+def test_chapter_01_times_the_synchronised_matmul_from_an_empty_queue():
+    import nbformat
+
+    nb = nbformat.read(REPO / "solutions/01_device_basics/01_device_basics.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.id == "ch01-code-37")
+    gpu = SimulatedGPU()
+
+    class Matrix:
+        def __matmul__(self, other):
+            gpu.launch()
+            return self
+
+    def time_fn(fn, device, warmup=2, repeats=10):   # CUDA events: the kernel's own time
+        for _ in range(warmup + repeats):
+            fn()
+        gpu.synchronize()
+        return types.SimpleNamespace(median=gpu.KERNEL)
+
+    from gpulab import predict
+    namespace = dict(
+        torch=types.SimpleNamespace(randn=lambda *shape, device=None: Matrix()),
+        time=types.SimpleNamespace(perf_counter=gpu.perf_counter),
+        measure=types.SimpleNamespace(time_fn=time_fn, synchronize=gpu.synchronize),
+        predict=predict, device="cuda", ON_GPU=True, queued_sync_ratio=...)
+    exec(cell, namespace)
+    assert namespace["naive"] < 0.01                                    # queueing only
+    assert namespace["too_early"] == pytest.approx(2 * gpu.KERNEL, rel=0.01)  # Quiz 12's 2x
+    assert namespace["synchronized"] == pytest.approx(gpu.KERNEL, rel=0.01)   # the real time

@@ -298,3 +298,34 @@ def test_on_cuda_requested_and_allocated_bytes_are_read_separately(monkeypatch):
     monkeypatch.setattr(memory.torch, "cuda", fake)
     got = allocation(lambda: fake.allocate(BATCH * 8, 74 * MiB), "cuda")
     assert (got.requested, got.allocated) == (BATCH * 8, 74 * MiB)
+
+
+# ------------------------------------------------------------------------------------------
+# Chapter 02 frees the model it measured (issue 13, finding 7)
+
+def test_chapter_02_first_step_cell_frees_its_model():
+    """`del model, optimizer` alone freed nothing while `resident` and `step` still held them:
+    on a GPU that memory then showed in every later `memory_allocated()`."""
+    import gc
+    import weakref
+    from pathlib import Path
+
+    import nbformat
+
+    from gpulab import measure, predict
+
+    path = Path(__file__).resolve().parents[1] / "solutions/02_vram_arithmetic/02_vram_arithmetic.ipynb"
+    cell = next(c.source for c in nbformat.read(path, as_version=4).cells if c.id == "ch02-code-23")
+    built = []
+
+    class RecordedGPT(GPT):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(weakref.ref(self))
+
+    namespace = dict(torch=torch, measure=measure, predict=predict, GPT=RecordedGPT, MiB=MiB,
+                     config=config(n_layer=1), batch=2, seq=16, device=torch.device("cpu"),
+                     first_step_gap_mib=...)
+    exec(cell, namespace)
+    gc.collect()
+    assert len(built) == 1 and built[0]() is None, "the measured model is still alive"
