@@ -88,6 +88,62 @@ def test_internal_links_resolve(site):
     assert checked > 50
 
 
+# --------------------------------------------------------------------------------------------
+# The built book in a real browser, opened from disk with every non-local request blocked
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import browser
+
+    with browser.chromium() as b:
+        yield b, browser
+
+
+def open_offline(chromium, page_file: Path):
+    b, browser = chromium
+    page = b.new_page(viewport=browser.VIEWPORT)
+    console = browser.Console(page)
+    browser.only_local(page, console)
+    page.goto(page_file.as_uri())
+    page.wait_for_load_state("load")
+    return page, console
+
+
+@pytest.mark.parametrize("name", ["intro", "formulas", *(f"chapters/{c}" for c in CHAPTERS)])
+def test_pages_work_offline_with_math_rendered_and_one_search_field(site, chromium, name):
+    page, console = open_offline(chromium, site / f"{name}.html")
+    formulas = page.locator(".math").count()        # what Sphinx marked as math
+    if formulas:
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                               timeout=20_000)
+        page.evaluate("() => MathJax.startup.promise.then(() => true)")   # first typesetting
+        assert page.locator(".math mjx-container svg").count() == formulas, "raw LaTeX left"
+    searches = [e for e in page.locator("input[type=search], .search-button-field, .search-button")
+                .all() if e.is_visible()]
+    assert len(searches) == 1, f"{len(searches)} search fields"
+    page.close()
+    assert not console.blocked, f"the page asks the network for {console.blocked}"
+    assert not console.errors, console.errors
+
+
+def test_some_chapter_shows_formulas(site):
+    assert any('class="math' in (site / "chapters" / f"{c}.html").read_text() for c in CHAPTERS)
+
+
+def test_an_answer_toggle_opens(site, chromium):
+    page, console = open_offline(chromium, site / "chapters" / f"{CHAPTERS[0]}.html")
+    details = page.locator("details.hide", has_text="Show answer").first
+    answer = details.locator(".cell_input").first
+    details.scroll_into_view_if_needed()
+    assert not answer.is_visible()
+    details.locator("summary").click()
+    answer.wait_for(state="visible", timeout=5_000)
+    page.close()
+    assert not console.errors and not console.blocked, (console.errors, console.blocked)
+
+
 def test_formula_sheet_examples_agree_with_gpulab():
     text = (ROOT / "book" / "formulas.md").read_text()
     table = text.split("<!-- checked examples start -->")[1].split("<!-- checked examples end -->")[0]
