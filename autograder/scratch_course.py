@@ -28,7 +28,9 @@ def copy_course(dest: Path) -> Path:
 def answers_replaced(release_nb: Path, answer_for) -> nbformat.NotebookNode:
     """The release notebook with each answer cell set to ``answer_for(item_id)``.
 
-    An answer cell starts `name = ...`; its item is the one whose test cell checks `name`.
+    An answer cell starts `name = ...`; its item is the one whose test cell checks `name`. An
+    answer cell that no test cell checks (the learner's own prediction before an experiment)
+    is left as it is.
     """
     nb = nbformat.read(release_nb, as_version=4)
     item_of = {}
@@ -38,5 +40,6 @@ def answers_replaced(release_nb: Path, answer_for) -> nbformat.NotebookNode:
     for cell in nb.cells:
         if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
             variable = cell.source.split("=")[0].strip()
-            cell.source = f"{variable} = {answer_for(item_of[variable])!r}"
+            if variable in item_of:
+                cell.source = f"{variable} = {answer_for(item_of[variable])!r}"
     return nb
