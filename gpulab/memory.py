@@ -245,7 +245,9 @@ def peak_memory(fn, device=None, *, model=None, optimizer=None, inputs=(),
     CPU (or fake tensors): the storage tracker. CUDA: ``max_memory_allocated()`` above the
     allocated bytes before the call, plus the resident tensors; run a warm-up call first (it
     creates optimizer state and cuBLAS workspaces, which would otherwise count). The tracker runs
-    alongside for the breakdown. NOTE: the CUDA branch follows PyTorch's docs and this project's
+    alongside for the breakdown. The allocator counts whole blocks, so on CUDA ``peak`` can exceed
+    the tracker's 512-byte-rounded count by up to 1 MiB per large tensor that was handed a block
+    it could not split (``cuda_block_bytes``); ``requested_peak`` has no rounding at all. NOTE: the CUDA branch follows PyTorch's docs and this project's
     CPU findings but has not yet been run on a GPU.
     """
     if device is None:
