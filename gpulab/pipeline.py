@@ -481,6 +481,9 @@ def run_rung(config, rung: Rung, seq_len: int, device: torch.device | str, steps
     torch.backends.cuda.matmul.allow_tf32 = rung.tf32
     try:
         if on_gpu:
+            # Hand the previous rung's cached blocks back, so that what the driver sees of this
+            # process (the learner's footprint) is this rung's, not the sum of all of them.
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         iterator = iter(loader)
         try:

@@ -88,8 +88,8 @@ def idle_share_gap(device) -> float:
 def ladder(device) -> None:
     on_gpu = device.type == "cuda"
     if on_gpu:
-        config, seq = GPTConfig(vocab_size=32_000, block_size=256, n_layer=12, n_head=12, n_embd=768), 256
-        big = max(2, arith.largest_micro_batch(3.5 * 2**30, config, seq, torch.float32, "adamw"))
+        config, seq = GPTConfig(vocab_size=8192, block_size=256, n_layer=12, n_head=12, n_embd=768), 256
+        big = max(2, arith.largest_micro_batch(2.5 * 2**30, config, seq, torch.float32, "adamw"))
         small = max(1, big // 2)
         rungs = [pipeline.Rung("naive", small),
                  pipeline.Rung("+ workers, pinned", small, 2, True),

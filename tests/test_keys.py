@@ -357,3 +357,17 @@ def test_key_comments_name_the_notebooks_quiz_numbers():
                 headings[grade_id.removeprefix("answer-")] = heading.group(1)
         for number, item_id in numbered:
             assert headings.get(item_id) == number, f"{key_file.stem}: {item_id} is not Quiz {number}"
+
+
+def test_chapter_07_against_worked_figures():
+    value = {item_id: item.value for item_id, item in key("07_input_pipeline").items()}
+    # Serial: 32 x 2 ms + 3 + 40 = 107 ms; overlapped: max(64 / 4, 3, 40) = 40 ms, 800 samples/s.
+    assert value["07-serial-step-ms"] == pytest.approx(107)
+    assert (value["07-overlap-step-ms"], value["07-samples-per-s"]) == (pytest.approx(40), pytest.approx(800))
+    assert value["07-workers-needed"] == 8 and value["07-bound-stage"] == "data"    # 320/40; 60 > 55 ms
+    assert (value["07-io-speedup"], value["07-cpu-speedup"]) == (8, 2)
+    assert value["07-idle-share"] == pytest.approx(67 / 107)
+    assert value["07-launch-bound-ms"] == pytest.approx(12)                       # 2000 x 6 µs
+    # NVML: time any kernel runs (100%); MFU: 2·64³ · 2e5 / 989.4e12 ≈ 1.06e-4.
+    assert value["07-util-percent"] == 100 and value["07-tiny-mfu"] == pytest.approx(1.0598e-4, rel=1e-3)
+    assert value["07-compile-break-even"] == pytest.approx(600)

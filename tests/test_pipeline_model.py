@@ -106,3 +106,22 @@ def test_a_rung_trains_and_counts_its_flops():
     assert out["flops_per_token"] == arith.training_flops(n, 1, n_layer=1, hidden=32, seq_len=16)
     assert out["tokens_per_second"] == pytest.approx(2 * 16 / out["step_seconds"])
     assert out["peak_bytes"] is None and not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_stand_in_compute_on_a_gpu_launches_one_calibrated_kernel(monkeypatch):
+    """The CUDA branch, on a modelled torch.cuda: 10^7 cycles measured at 5 ms, so 0.5 s is
+    10^9 cycles; a call launches one spinning kernel, then waits for it only when asked to."""
+    from gpulab import measure
+
+    calls = []
+    monkeypatch.setattr(pipeline.measure, "time_fn",
+                        lambda fn, device, **kw: measure.Timing((0.005,), str(device)))
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("sleep", cycles)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", str(device))))
+    compute = pipeline.StandInCompute(0.5, "cuda")
+    assert compute.cycles == 10**9
+    compute(None)
+    assert calls == [("sleep", 10**9), ("sync", "cuda")]
+    calls.clear()
+    pipeline.StandInCompute(0.5, "cuda", synchronize=False)(None)
+    assert calls == [("sleep", 10**9)]
