@@ -756,7 +756,7 @@ def allreduce_seconds(n_bytes: float, n_ranks: int, bandwidth: float,
     point-to-point sends can (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms
     for clusters of workstations", JPDC 69(2)). ``n_bytes`` (S) is each rank's buffer, ``bandwidth``
     (B) one rank's link in one direction. One rank costs nothing. Sources: nccl-tests
-    doc/PERFORMANCE.md ("AllReduce"); formulas.md, "Collectives". Chapter 06.
+    doc/PERFORMANCE.md ("AllReduce"); book/formulas.md, "Data parallelism". Chapter 06.
 
     Worked example: 1 GB over 8 ranks at 100 GB/s: 2·7/8 · 1e9/1e11 = 17.5 ms.
 
@@ -975,7 +975,7 @@ def min_tokens_compute_bound(n_ranks: int, bandwidth: float, flops_per_second: f
     cancels: the threshold depends only on the hardware (F/B) and the gradient dtype (p), not
     on the model. With fewer tokens per GPU the all-reduce cannot hide behind backward
     (``dp_step_seconds`` with overlap 2/3). Sources: Li et al. 2020 (DDP overlap); Patarasuk &
-    Yuan 2009 (the ring's 2(n−1)/n); formulas.md, "Collectives".
+    Yuan 2009 (the ring's 2(n−1)/n); book/formulas.md, "Data parallelism".
     Chapter 06, "When does data parallelism scale?".
 
     Worked example: F = 400 TFLOP/s achieved, B = 50 GB/s (a 400 Gb/s InfiniBand NIC),
@@ -999,7 +999,8 @@ def pipeline_bubble_fraction(n_stages: int, n_microbatches: int) -> float:
     "GPipe", §2.2 (bubble overhead O((K−1)/(M+K−1)) for K partitions, M micro-batches);
     Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
     Megatron-LM", §2.2.1, whose "bubble time fraction" (p − 1)/m is the same bubble measured
-    against the ideal time m slots instead of the whole step; formulas.md, "Collectives".
+    against the ideal time m slots instead of the whole step; book/formulas.md,
+    "Data parallelism".
     Chapter 06.
 
     >>> pipeline_bubble_fraction(4, 8)

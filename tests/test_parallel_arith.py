@@ -115,8 +115,9 @@ def test_zero_bytes_agree_with_zero_sharded(recipe, stage):
 
 @pytest.mark.parametrize("recipe", list(arith.RECIPES))
 def test_zero_saves_nothing_on_one_gpu_and_each_stage_saves_more(recipe):
-    """formulas.md, "ZeRO": ZeRO saves nothing at N_d = 1; with N_d > 1 no stage holds more than
-    the one before it (equal only where the recipe has nothing to shard, e.g. SGD's state)."""
+    """book/formulas.md, "Data parallelism": ZeRO saves nothing at N_d = 1; with N_d > 1 no stage
+    holds more than the one before it (equal only where the recipe has nothing to shard, e.g.
+    SGD's state)."""
     plain = arith.zero_bytes_per_gpu(1e9, 1, 0, recipe)
     assert plain == arith.model_state_bytes(1e9, recipe)["total"]
     for stage in arith.ZERO_STAGES:
