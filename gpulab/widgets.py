@@ -157,9 +157,12 @@ class MemoryCalculator(w.VBox):
             # one small drag as on ipywidgets' default 94 px track.
             c[name].layout.width = "440px"
             c[name].continuous_update = False   # redraw once when the handle is let go
-        left = w.VBox(list(c.values()))
+        # The controls keep their width (a narrow output would squeeze the sliders back to a few
+        # pixels); where both do not fit side by side, the plot wraps below them.
+        left = w.VBox(list(c.values()), layout=w.Layout(min_width="460px"))
         # Top-aligned: stretched to the controls' height, the image would be distorted.
-        super().__init__([w.HBox([left, self.plot], layout=w.Layout(align_items="flex-start")),
+        super().__init__([w.HBox([left, self.plot],
+                                 layout=w.Layout(align_items="flex-start", flex_flow="row wrap")),
                           self.summary])
         self.update()
 
