@@ -20,7 +20,7 @@ import numbers
 def _number(x, unit: str = "") -> str:
     if x is None:
         return "n/a"
-    return (f"{x:,.0f}" if abs(x) >= 1e5 else f"{x:.4g}") + unit
+    return (f"{x:,.0f}" if abs(x) >= 1e4 else f"{x:.4g}") + unit  # .4g would print 68480 as 6.848e+04
 
 
 def _as_prediction(mine) -> float | None:

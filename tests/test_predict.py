@@ -45,3 +45,7 @@ def test_without_a_formula_the_prediction_alone_is_compared():
     assert "formula n/a" in line("x", 3, None, 3) and line("x", 3, None, 3).endswith("yours 1.000")
     nothing = line("x", 3, None, None)
     assert "none yet (no formula" in nothing and "gap" not in nothing
+
+
+def test_five_digit_numbers_print_in_full():
+    assert "measured 68,480" in line("bytes", 68_480, 68_480, None)
