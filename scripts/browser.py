@@ -109,7 +109,13 @@ class Lab:
         return json.loads(body) if body else None
 
     def open(self, page, path: str) -> None:
-        page.goto(f"{self.url}/lab/tree/{path}?token={self.token}")
+        """Open a path in a fresh workspace (?reset), so that no earlier tab is reopened."""
+        page.goto(f"{self.url}/lab/tree/{path}?reset&token={self.token}")
+
+    def close_sessions(self) -> None:
+        """Shut down every notebook's kernel (they hold memory between chapters)."""
+        for session in self.api("/api/sessions"):
+            self.api(f"/api/sessions/{session['id']}", method="DELETE")
 
 
 @contextlib.contextmanager
@@ -183,7 +189,7 @@ def open_notebook(lab: Lab, page, path: str, timeout_s: float = 90) -> None:
     """Open a notebook and wait until its kernel is started, connected and idle (running a cell
     earlier makes JupyterLab ask which kernel to start); answer JupyterLab's news question."""
     lab.open(page, path)
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout_s * 1000)
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell", timeout=timeout_s * 1000)
     deadline = time.monotonic() + timeout_s
     while not any(s["path"] == path and s["kernel"]["execution_state"] == "idle"
                   and s["kernel"]["connections"] > 0 for s in lab.api("/api/sessions")):

@@ -72,9 +72,10 @@ def quiz_view(page, chapter: str, saved: dict) -> bytes:
     return region(page, *parts)
 
 
-def plot_view(page, marker: str) -> bytes:
-    cell = page.locator(".jp-CodeCell", has_text=marker).first
-    image = cell.locator(".jp-OutputArea-output img").first
+def plot_view(page, marker: str | None) -> bytes:
+    """The output image of the first cell calling ``marker`` (None: the notebook's first plot)."""
+    cells = page.locator(".jp-CodeCell", has_text=marker) if marker else page.locator(".jp-CodeCell")
+    image = cells.locator(".jp-OutputArea-output img").first
     image.scroll_into_view_if_needed()
     page.wait_for_timeout(300)
     return image.screenshot()
@@ -91,24 +92,26 @@ def calculator_view(page) -> bytes:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("chapters", nargs="*", default=list(MAIN_PLOT))
+    parser.add_argument("chapters", nargs="*",
+                        default=sorted(p.name for p in (ROOT / "notebooks").iterdir() if p.is_dir()))
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         course = browser.scratch_course(Path(tmp) / "course")
         with browser.chromium() as chromium, browser.jupyterlab(course) as lab:
             for chapter in args.chapters:
-                page = chromium.new_page(viewport={"width": 1100, "height": 1000})
+                page = chromium.new_page(viewport={"width": 1280, "height": 1000})
                 path = f"notebooks/{chapter}/{chapter}.ipynb"
                 browser.open_notebook(lab, page, path)
                 page.keyboard.press("Control+b")     # hide the file browser: more room
                 saved = browser.run_all_and_wait(page, course / path, timeout_s=600)
                 number = chapter[:2]
-                save_png(plot_view(page, MAIN_PLOT[chapter]), OUT / f"{number}-plot.png")
+                save_png(plot_view(page, MAIN_PLOT.get(chapter)), OUT / f"{number}-plot.png")
                 if chapter == "02_vram_arithmetic":
                     save_png(calculator_view(page), OUT / f"{number}-calculator.png")
                 save_png(quiz_view(page, chapter, saved), OUT / f"{number}-quiz.png")
                 page.close()
+                lab.close_sessions()
 
 
 if __name__ == "__main__":
