@@ -6,7 +6,9 @@
 3. autograding a class of 50 synthetic submissions of chapter 03 (correct, typical wrong, blank
    and adversarial mixed) in a throwaway copy of the course: target <= 10 minutes on 2 cores,
    with a grades CSV row for every student;
-4. where `make test`'s time goes (scripts/suite_durations.py): a fresh venv's setup time, and
+4. chapter 07's figures (scripts/bench_ch07.py): the step-time model against measured loops,
+   DataLoader workers on an I/O-bound dataset, the profiler's idle share, the capstone ladder;
+5. where `make test`'s time goes (scripts/suite_durations.py): a fresh venv's setup time, and
    pytest's durations per test file and for the slowest tests (budget: venv + suite <= 10 min).
 """
 from __future__ import annotations
@@ -117,6 +119,8 @@ def main() -> None:
           f"(target <= 10 min), {seconds / 50:.1f} s per submission; grades.csv rows: {rows}")
     for kind, got in scores.items():
         print(f"  {kind:<18} x{len(got):>2}: scores {sorted(set(got))}")
+    print("\nchapter 07, the input pipeline:", flush=True)
+    subprocess.run([sys.executable, "scripts/bench_ch07.py"], cwd=ROOT, check=True)
     print("\nthe test suite:", flush=True)
     subprocess.run([sys.executable, "scripts/suite_durations.py"], cwd=ROOT, check=True)
 
