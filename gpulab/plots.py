@@ -25,7 +25,9 @@ def bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title: 
     ax.set_title(title)
     if log:
         ax.set_yscale("log")
-    ax.legend()
+    if len(series) > 1:   # one series needs no legend (the axis label names it)
+        # Outside the axes, to the right: inside, it covered the tallest bars.
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     return ax
 

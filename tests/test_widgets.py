@@ -267,3 +267,15 @@ def test_by_size_ticks_every_size_and_keeps_the_legend_above_the_curves():
         points = ax.transData.transform(line.get_xydata())
         assert not any(legend.contains(x, y) for x, y in points), line.get_label()
     plt.close(ax.figure)
+
+
+def test_bars_legend_covers_no_bar():
+    one = plots.bars(["a", "b"], {"measured": [3.0, 5.0]}, ylabel="s", title="t")
+    assert one.get_legend() is None
+    two = plots.bars(["a", "b"], {"predicted": [3.0, 5.0], "measured": [3.2, 5.1]},
+                     ylabel="s", title="t")
+    two.figure.canvas.draw()
+    legend = two.get_legend().get_window_extent()
+    for bar in two.patches:
+        assert not legend.overlaps(bar.get_window_extent()), bar
+    plt.close("all")
