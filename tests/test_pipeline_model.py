@@ -113,9 +113,10 @@ def test_stand_in_compute_on_a_gpu_launches_one_calibrated_kernel(monkeypatch):
     """The CUDA branch, on a modelled torch.cuda: 10^7 cycles measured at 5 ms, so 0.5 s is
     10^9 cycles; a call launches one spinning kernel, then waits for it only when asked to."""
     from gpulab import measure
+    from gpulab.pipeline import loop   # StandInCompute lives there and calls loop.measure.time_fn
 
     calls = []
-    monkeypatch.setattr(pipeline.measure, "time_fn",
+    monkeypatch.setattr(loop.measure, "time_fn",
                         lambda fn, device, **kw: measure.Timing((0.005,), str(device)))
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("sleep", cycles)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", str(device))))

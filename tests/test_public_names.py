@@ -12,6 +12,29 @@ from pathlib import Path
 import pytest
 
 PUBLIC_NAMES = {
+    # From gpulab/arith.py before it became the package gpulab/arith/ (one module per chapter).
+    "gpulab.arith": [
+        # chapter 01: bytes and transfers
+        "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "bytes_per_element", "tensor_bytes",
+        "transfer_seconds", "batches_per_second", "resident_warps",
+        # chapter 02: training memory
+        "RECIPES", "model_state_bytes", "activation_bytes_per_layer", "ZERO_STAGES",
+        "check_positive_integers", "gpt_param_count", "zero_sharded", "ALLOCATOR_ROUNDING",
+        "allocator_bytes", "segment_size", "predict_training_memory",
+        # chapter 03: FLOPs and the roofline
+        "matmul_flops", "matmul_bytes", "training_flops", "mfu", "arithmetic_intensity",
+        "attention_bytes", "critical_intensity", "roofline_seconds", "bound", "SECONDS_PER_DAY",
+        "training_days",
+        # chapter 05: checkpointing and accumulation
+        "sqrt_segment_size", "segment_activation_bytes", "best_segment_size",
+        "training_flops_with_checkpointing", "global_batch", "accumulation_steps",
+        "largest_micro_batch",
+        # chapter 06: communication
+        "LINKS", "COLLECTIVES", "allreduce_seconds", "allgather_seconds", "reduce_scatter_seconds",
+        "collective_seconds", "algorithm_bandwidth", "bus_bandwidth", "zero_bytes_per_gpu",
+        "zero_comm_bytes", "dp_step_seconds", "min_tokens_compute_bound",
+        "pipeline_bubble_fraction",
+    ],
     # From gpulab/measure.py before it became the package gpulab/measure/ (commit a556270).
     "gpulab.measure": [
         # chapter 01: timing and copies
@@ -25,6 +48,31 @@ PUBLIC_NAMES = {
         "attention_naive_vs_fused",
         # chapter 05: what recomputation costs
         "training_step_timing", "step_seconds",
+    ],
+    # From gpulab/precision.py before it became the package gpulab/precision/ (commit 5ca9381).
+    "gpulab.precision": [
+        # formats and rounding
+        "Format", "FORMATS", "number_format", "round_to", "running_sum", "stall_point",
+        # gradients that underflow, loss scaling
+        "initial_logit_gradient", "logit_gradients", "loss_scale_after", "grad_scaler_scale",
+        # autocast: output dtypes and saved bytes
+        "FLOAT32_OPS", "autocast_output_dtypes", "saved_tensor_bytes", "parameter_copy_bytes",
+        "autocast_state_bytes", "autocast_bytes_per_score", "autocast_saved_bytes",
+        # training in each precision
+        "PRECISIONS", "text_corpus", "sample_batch", "TrainingRun", "train", "step_seconds",
+    ],
+    # From gpulab/pipeline.py before it became the package gpulab/pipeline/ (commit 5ca9381).
+    "gpulab.pipeline": [
+        # the step-time model
+        "step_seconds", "device_idle_share", "bottleneck", "workers_needed", "loading_speedup",
+        "usable_cores", "compile_break_even_steps",
+        # synthetic datasets
+        "LatencyDataset", "busy_work", "calibrate_rounds", "DecodeDataset", "TokenDataset",
+        # the stand-in step and the measured loop
+        "StandInCompute", "LoopTiming", "shutdown", "time_loop", "load_seconds", "make_loader",
+        "measure_pipeline", "loading_rate",
+        # pinned memory and a second stream; the capstone ladder
+        "copy_compute_overlap", "Rung", "run_rung",
     ],
 }
 

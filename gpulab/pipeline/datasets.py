@@ -1,0 +1,95 @@
+"""Synthetic datasets for chapter 07: a known cost per sample (a wait, or a fixed amount of
+computing), nothing downloaded."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch.utils.data import Dataset
+
+
+# ------------------------------------------------------------------------------------------
+# Synthetic datasets: a known cost per sample, nothing downloaded
+
+
+def _sample(index: int, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.full(shape, float(index))
+
+
+class LatencyDataset(Dataset):
+    """I/O-bound: each sample waits ``latency`` seconds (``time.sleep``), as a read from network
+    storage or a remote object store waits, then returns a (``shape``) tensor filled with its
+    index. Waiting takes no core, so workers scale past the core count."""
+
+    def __init__(self, n: int, latency: float, shape: tuple[int, ...] = (64,)):
+        self.n, self.latency, self.shape = n, latency, tuple(shape)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.latency)
+        return _sample(index, self.shape)
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        # A batched read: the DataLoader asks for a batch's indices at once, and one wait of
+        # latency x batch stands for them (one wake-up per batch, not per sample, so that a busy
+        # machine's scheduling delays do not add up sample by sample).
+        time.sleep(self.latency * len(indices))
+        return [_sample(index, self.shape) for index in indices]
+
+
+def busy_work(rounds: int) -> int:
+    """A fixed amount of pure-Python arithmetic (a linear congruential generator), standing in for
+    decoding and augmenting a sample: it needs a core for all of its time."""
+    x = 12345
+    for _ in range(rounds):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+    return x
+
+
+def calibrate_rounds(seconds: float, probe_rounds: int = 20_000) -> int:
+    """Rounds of ``busy_work`` that take about ``seconds`` in this process now (the best of three
+    probes, so a busy moment on a shared machine does not inflate it)."""
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        busy_work(probe_rounds)
+        best = min(best, time.perf_counter() - start)
+    return max(1, round(seconds / best * probe_rounds))
+
+
+class DecodeDataset(Dataset):
+    """CPU-bound: each sample does ``rounds`` of ``busy_work`` (a fixed amount of computing, like
+    decoding a JPEG), then returns a (``shape``) tensor filled with its index. W workers share the
+    free cores: beyond the core count they only take turns."""
+
+    def __init__(self, n: int, rounds: int, shape: tuple[int, ...] = (64,)):
+        self.n, self.rounds, self.shape = n, rounds, tuple(shape)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        busy_work(self.rounds)
+        return _sample(index, self.shape)
+
+
+class TokenDataset(Dataset):
+    """Language-model samples: (input ids, targets shifted by one) of ``seq_len`` tokens, random
+    but fixed by the index, after ``latency`` seconds of waiting per sample (reading a shard)."""
+
+    def __init__(self, n: int, seq_len: int, vocab_size: int, latency: float = 0.0):
+        self.n, self.seq_len, self.vocab_size, self.latency = n, seq_len, vocab_size, latency
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.latency:
+            time.sleep(self.latency)
+        generator = torch.Generator().manual_seed(index)
+        tokens = torch.randint(self.vocab_size, (self.seq_len + 1,), generator=generator)
+        return tokens[:-1], tokens[1:]
