@@ -13,7 +13,8 @@ from matplotlib import ticker
 def bars(labels: list[str], series: dict[str, list[float]], ylabel: str, title: str,
          log: bool = False):
     """Grouped bars: one group per label, one bar per series (e.g. 'predicted', 'measured')."""
-    fig, ax = plt.subplots(figsize=(max(5.5, 1.4 * len(labels) * len(series)), 3.2))
+    # Wider for more bars, up to a page's width (an 18-bar chart was drawn 25 inches wide).
+    fig, ax = plt.subplots(figsize=(min(10.0, max(5.5, 0.8 * len(labels) * len(series) + 1.5)), 3.2))
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
         positions = [x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))]
