@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from gpulab import device
+from gpulab.device import choosing  # holds count_gpus_in_this_process and its torch
 from gpulab.__main__ import main
 from gpulab.device import (
     GiB, LEARNER_BUDGET_BYTES, NVML_INIT_FAILED, NVML_NO_LIBRARY, NVML_NOT_INSTALLED, NVML_OK,
@@ -374,7 +375,7 @@ def test_the_probe_initialises_cuda_before_setting_the_variable_late(monkeypatch
     # opposite of the lesson. Initialising CUDA first is what makes the late change too late.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")     # so that monkeypatch restores ours after
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    monkeypatch.setattr(device.torch, "cuda", FakeCuda())
+    monkeypatch.setattr(choosing.torch, "cuda", FakeCuda())
     assert device.count_gpus_in_this_process(value, set_after_init=late) == expected
 
 
@@ -385,7 +386,7 @@ def test_without_a_gpu_the_late_probe_does_not_try_to_start_cuda(monkeypatch):
     fake = FakeCuda()
     fake.is_available = lambda: False
     fake.init = lambda: pytest.fail("init() called without a GPU")
-    monkeypatch.setattr(device.torch, "cuda", fake)
+    monkeypatch.setattr(choosing.torch, "cuda", fake)
     assert device.count_gpus_in_this_process("", set_after_init=True) == 0
 
 

@@ -61,6 +61,17 @@ PUBLIC_NAMES = {
         # training in each precision
         "PRECISIONS", "text_corpus", "sample_batch", "TrainingRun", "train", "step_seconds",
     ],
+    # From gpulab/device.py before it became the package gpulab/device/.
+    "gpulab.device": [
+        # choosing the device; CUDA_VISIBLE_DEVICES (chapter 01)
+        "GiB", "LEARNER_BUDGET_BYTES", "MIN_FREE_FRACTION", "best_device", "physical_gpu",
+        "count_gpus_in_this_process", "visible_gpu_counts", "visible_gpu_count",
+        # the facts torch and the driver report
+        "TorchGPU", "GPUProcess", "NvmlGPU", "NVML_OK", "NVML_NOT_INSTALLED", "NVML_NO_LIBRARY",
+        "NVML_INIT_FAILED", "DeviceFacts", "collect_facts",
+        # the preflight report
+        "Finding", "diagnose", "is_usable", "render_report", "doctor",
+    ],
     # From gpulab/pipeline.py before it became the package gpulab/pipeline/ (commit 5ca9381).
     "gpulab.pipeline": [
         # the step-time model
