@@ -36,7 +36,7 @@ weight = IN_SHAPE[-1] * OUT_FEATURES
 ITEMS = [
     Item("04-bf16-eps", bf16.eps, "", rel_tol=1e-6, mistakes=(
         Mistake(bf16.eps / 2, "that is half of epsilon (the unit roundoff, the largest relative "
-                              "rounding error); epsilon is the gap from 1 to the next number, 2^-7."),
+                              "rounding error); epsilon is the whole gap from 1 to the next number."),
         Mistake(fp16.eps, "that is fp16's epsilon (10 mantissa bits); bf16 keeps 7."),
         Mistake(fp32.eps, "that is fp32's epsilon (23 mantissa bits); bf16 keeps 7."),
     )),

@@ -7,6 +7,8 @@ this machine (``python -m gpulab doctor``).
 
 from __future__ import annotations
 
+import textwrap
+
 from dataclasses import dataclass
 
 from gpulab.device.choosing import GiB, LEARNER_BUDGET_BYTES, MIN_FREE_FRACTION
@@ -187,7 +189,9 @@ def render_report(facts: DeviceFacts, findings: list[Finding]) -> str:
     for f in findings:
         lines.append(f"  {'[' + f.level + ']':<7}  {f.message}")
         if f.next_step:
-            lines.append(f"           next: {f.next_step}")
+            # Wrapped between words: a terminal or notebook cuts a long line mid-word.
+            lines.append(textwrap.fill(f.next_step, width=92, initial_indent="           next: ",
+                                       subsequent_indent=" " * 17, break_on_hyphens=False))
     lines.append("")
     return "\n".join(lines + _verdict(facts, findings))
 
