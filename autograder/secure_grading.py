@@ -131,18 +131,25 @@ def sandbox_command(workdir: str, private_dir: str, limits: "Limits") -> list[st
     for name in ETC_FILES:
         if os.path.lexists(f"/etc/{name}"):
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-    package = str(Path(gpulab.__file__).resolve().parent)
-    for keep in (*python_install(), package):
-        args += ["--ro-bind", keep, keep]
     args += ["--dev", "/dev", "--proc", "/proc"]
     for device in sorted(Path("/dev").glob("nvidia*")):   # a GPU, where there is one
         args += ["--dev-bind", str(device), str(device)]
     workdir = str(Path(workdir).resolve())
     size = _bwrap_has_size(bwrap)
-    for folder, extra in (("/tmp", 0), ("/dev/shm", 0), (workdir, _folder_bytes(workdir))):
+
+    def private_folder(folder: str, extra: int = 0) -> None:
         if size:
-            args += ["--size", str(limits.disk_bytes + extra)]
-        args += ["--tmpfs", folder]
+            args.extend(["--size", str(limits.disk_bytes + extra)])
+        args.extend(["--tmpfs", folder])
+
+    # The private /tmp comes before the binds: bubblewrap mounts in order, so a Python install or
+    # a course that lives under /tmp (a CI clone, say) is bound back into it, not hidden by it.
+    private_folder("/tmp")
+    private_folder("/dev/shm")
+    package = str(Path(gpulab.__file__).resolve().parent)
+    for keep in (*python_install(), package):
+        args += ["--ro-bind", keep, keep]
+    private_folder(workdir, _folder_bytes(workdir))
     args += ["--ro-bind", workdir, SUBMISSION_ORIGINAL,
              "--bind", private_dir, private_dir, "--chdir", workdir,
              "--hostname", "localhost",

@@ -630,3 +630,16 @@ def test_the_grades_csv_has_a_row_per_student(graded):
     course, _, _ = graded
     rows = (course / "autograder" / "grades.csv").read_text().splitlines()[1:]
     assert len(rows) == len(ATTACKS) + 1       # and the broken file's row
+
+
+def test_a_course_under_tmp_is_bound_back_into_the_private_tmp(monkeypatch, tmp_path):
+    """A CI clone or a venv under /tmp must stay visible: the private /tmp is mounted before the
+    Python install and gpulab are bound (bubblewrap mounts in order; the other way round every
+    kernel died before it said hello)."""
+    import secure_grading
+    monkeypatch.setattr(secure_grading, "python_install", lambda: ["/tmp/clone/.venv"])
+    args = secure_grading.sandbox_command(str(tmp_path), str(tmp_path), secure_grading.Limits(
+        memory_bytes=2**30, tasks=64, disk_bytes=2**20, cpu_seconds=60))
+    private_tmp = next(i for i in range(len(args)) if args[i:i + 2] == ["--tmpfs", "/tmp"])
+    venv = next(i for i in range(len(args)) if args[i:i + 3] == ["--ro-bind"] + ["/tmp/clone/.venv"] * 2)
+    assert private_tmp < venv
