@@ -39,8 +39,8 @@ lab: $(READY)
 # One thread per PyTorch process: two workers each running kernels with a thread per core would
 # oversubscribe the cores, and OpenMP's waiting threads then slow every step several-fold.
 test: $(READY)
-	@scripts/setup_sandbox.sh
-	@scripts/setup_browser.sh
+	@scripts/need_system_package.sh bwrap bubblewrap "the grading sandbox"
+	@scripts/need_system_package.sh chromium chromium "the browser tests and make screenshots"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope -p nbval --nbval-lax tests notebooks
 
 doctor: $(READY)
@@ -51,7 +51,7 @@ release: $(READY)
 	$(BIN)/python autograder/release.py $(if $(GRADED),--graded)
 
 autograde: $(READY)
-	@scripts/setup_sandbox.sh
+	@scripts/need_system_package.sh bwrap bubblewrap "the grading sandbox"
 	$(BIN)/python autograder/grade.py
 
 # After manual grading in the Formgrader: feedback and CSV again, without re-running notebooks.
@@ -68,7 +68,7 @@ bench: $(READY)
 # PNGs of each chapter's key views (a quiz with its feedback, the main plot, the calculator) in
 # book/screenshots/, taken in JupyterLab with the browser tests' driver (Chromium + Playwright).
 screenshots: $(READY)
-	@scripts/setup_browser.sh
+	@scripts/need_system_package.sh chromium chromium "the browser tests and make screenshots"
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/screenshots.py
 
 gpu-check: $(READY)

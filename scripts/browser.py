@@ -41,8 +41,8 @@ def chromium():
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
-        raise RuntimeError(f"no Chromium at {CHROMIUM}: run scripts/setup_browser.sh "
-                           "(apt-get install chromium)")
+        raise RuntimeError(f"no Chromium at {CHROMIUM}: apt-get install chromium "
+                           "(make test installs it when run as root)")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
