@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpulab.monitor import GPUHealth, read_health
+
 @dataclass
 class TorchGPU:
     """A GPU as torch sees it; ``index`` is its ``cuda:<index>``, after CUDA_VISIBLE_DEVICES."""
@@ -41,6 +43,7 @@ class NvmlGPU:
     used_bytes: int
     processes: list[GPUProcess] | None = None  # compute processes; None: the driver won't say
     uuid: str | None = None
+    health: GPUHealth | None = None  # clocks, power cap, clock events, ECC (chapter 08)
 
 
 # What happened when we asked the driver through NVML.
@@ -64,6 +67,8 @@ class DeviceFacts:
     driver_cuda: str | None = None  # newest CUDA the driver supports, e.g. "12.4"
     nvml_gpus: list[NvmlGPU] = field(default_factory=list)
     pid: int | None = None  # who collected these facts: not one of the "other processes"
+    torch_arch_list: list[str] = field(default_factory=list)  # torch.cuda.get_arch_list()
+    shm_bytes: int | None = None  # size of /dev/shm (DataLoader workers share batches there)
 
     @property
     def cuda_build(self) -> bool:
@@ -81,6 +86,8 @@ def collect_facts() -> DeviceFacts:
         cuda_available=torch.cuda.is_available(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         pid=os.getpid(),
+        torch_arch_list=list(torch.cuda.get_arch_list()) if torch.version.cuda else [],
+        shm_bytes=_shm_bytes(),
     )
     _collect_nvml(facts)
     _collect_torch_gpus(facts)
@@ -135,7 +142,7 @@ def _collect_nvml(facts: DeviceFacts) -> None:
                 index=i, name=_text(pynvml.nvmlDeviceGetName(handle)),
                 total_bytes=memory.total, used_bytes=memory.used,
                 processes=_processes(pynvml, handle),
-                uuid=uuid and _normalise_uuid(uuid),
+                uuid=uuid and _normalise_uuid(uuid), health=read_health(pynvml, handle),
             ))
     except Exception as e:  # keep what was gathered before the failing query
         facts.nvml_error = f"NVML query failed: {e}"
@@ -165,6 +172,14 @@ def _ask(query, *args):
         return query(*args)
     except Exception:
         return None
+
+
+def _shm_bytes(path: str = "/dev/shm") -> int | None:
+    try:
+        stat = os.statvfs(path)
+    except OSError:  # no /dev/shm (macOS, Windows)
+        return None
+    return stat.f_blocks * stat.f_frsize
 
 
 def _text(value):

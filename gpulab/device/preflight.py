@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from gpulab.device.choosing import GiB, LEARNER_BUDGET_BYTES, MIN_FREE_FRACTION
 from gpulab.device.facts import (NVML_INIT_FAILED, NVML_NO_LIBRARY, NVML_NOT_INSTALLED, NVML_OK,
-                                 DeviceFacts, TorchGPU, collect_facts)
+                                 DeviceFacts, NvmlGPU, TorchGPU, collect_facts)
+from gpulab.failures import kernel_image_available, slowdowns
 
 # ----------------------------------------------------------------------------- judgement
 
@@ -35,7 +36,9 @@ def diagnose(facts: DeviceFacts) -> list[Finding]:
         return [_cpu_only_build(facts) if facts.nvml_gpus else _no_gpu(facts)]
     if facts.torch_gpus:
         nearly_full = [f for gpu in facts.torch_gpus if (f := _nearly_full(gpu, facts))]
-        return nearly_full or [_ready(facts)]
+        no_kernels = [f for gpu in facts.torch_gpus if (f := _no_kernel_image(gpu, facts))]
+        health = [f for gpu in facts.nvml_gpus for f in _health_findings(gpu)]
+        return no_kernels + (nearly_full or [_ready(facts)]) + health
     if facts.cuda_available:  # CUDA started, then a GPU query failed
         return [_torch_cannot_use(facts)]
     if facts.nvml_status == NVML_INIT_FAILED:
@@ -131,6 +134,102 @@ def _ready(facts: DeviceFacts) -> Finding:
         f"bf16 {'yes' if gpu.bf16 else 'no'}, {_gib(gpu.free_bytes)} free{more}).")
 
 
+def _no_kernel_image(gpu: TorchGPU, facts: DeviceFacts) -> Finding | None:
+    """"no kernel image is available for execution on the device": torch has no machine code
+    (and no PTX) for this GPU's architecture (chapter 08). Unknown arch list: no verdict."""
+    if not facts.torch_arch_list:
+        return None
+    ok, why = kernel_image_available(facts.torch_arch_list, gpu.capability)
+    if ok:
+        return None
+    return Finding(
+        "error", f"cuda:{gpu.index} ({gpu.name}): {why}.",
+        "install a torch build for this GPU with `make lab TORCH=...` (a newer CUDA build lists "
+        "newer architectures in torch.cuda.get_arch_list()).")
+
+
+def _health_findings(gpu: NvmlGPU) -> list[Finding]:
+    """What the driver's health figures say before a run (chapter 08): memory errors, a GPU
+    already slowed by power or heat, a lowered power cap. None known: nothing said."""
+    h, name, found = gpu.health, f"GPU {gpu.index} ({gpu.name})", []
+    if h is None:
+        return found
+    if h.ecc_uncorrected_volatile or h.row_remap_failed:
+        found.append(Finding(
+            "error", f"{name} has uncorrectable memory errors (ECC uncorrected since reset: "
+            f"{h.ecc_uncorrected_volatile or 0}; row remapping failed: {bool(h.row_remap_failed)}).",
+            "do not train on it: look for Xid 48/63/64/94/95 in `dmesg`, ask an admin to reset "
+            "the GPU, and to replace it if it repeats."))
+    elif h.row_remap_pending or h.retired_pages_pending:
+        found.append(Finding(
+            "warn", f"{name} has a memory row remapping (page retirement) pending.",
+            "reset the GPU (or reboot) so that the remapping takes effect."))
+    slow = slowdowns(h.clock_events or 0)
+    if slow:
+        found.append(Finding(
+            "warn", f"{name} is already slowed before the run: {', '.join(slow)} "
+            f"(SM clock {h.sm_clock_mhz or '?'} of {h.max_sm_clock_mhz or '?'} MHz).",
+            "check the cooling and power (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`), or "
+            "what else runs on this GPU."))
+    if h.power_limit_watts and h.default_power_limit_watts and \
+            h.power_limit_watts < 0.95 * h.default_power_limit_watts:
+        found.append(Finding(
+            "warn", f"{name}'s power cap is {h.power_limit_watts:.0f} W, below its default "
+            f"{h.default_power_limit_watts:.0f} W: heavy kernels will run at lower clocks.",
+            "ask the admin why it is capped (`nvidia-smi -pl` sets it) if full speed matters."))
+    return found
+
+
+def failure_classes(facts: DeviceFacts) -> list[tuple[str, str, str]]:
+    """A plain verdict for each failure class of chapter 08 that can be judged before a run:
+    (class, "ok" / "warn" / "error" / "n/a", why). Pure, like ``diagnose``."""
+    gpus, rows = facts.torch_gpus, []
+    if gpus:
+        tight = [g for g in gpus if g.free_bytes < LEARNER_BUDGET_BYTES]
+        rows.append(("out of memory", "warn" if tight else "ok", ", ".join(
+            f"cuda:{g.index} {_gib(g.free_bytes)} free" for g in gpus)
+            + f" (the lab needs {_gib(LEARNER_BUDGET_BYTES)})"))
+        if facts.torch_arch_list:
+            verdicts = [kernel_image_available(facts.torch_arch_list, g.capability) for g in gpus]
+            rows.append(("no kernel image", "ok" if all(ok for ok, _ in verdicts) else "error",
+                         "; ".join(why for _, why in verdicts)))
+        else:
+            rows.append(("no kernel image", "n/a", "torch's architecture list is unknown"))
+    else:
+        rows += [("out of memory", "n/a", "no GPU"), ("no kernel image", "n/a", "no GPU")]
+    if facts.driver_cuda and facts.torch_cuda:
+        too_old = _older(facts.driver_cuda, facts.torch_cuda)
+        rows.append(("driver older than torch's CUDA", "error" if too_old else "ok",
+                     f"driver supports CUDA {facts.driver_cuda}, torch needs {facts.torch_cuda}"))
+    else:
+        rows.append(("driver older than torch's CUDA", "n/a", "no driver or no CUDA build"))
+    healths = [g for g in facts.nvml_gpus if g.health is not None]
+    if healths:
+        for label, pick in (("slowdown (power, heat)", lambda f: "slowed" in f.message
+                             or "power cap" in f.message),
+                            ("memory errors (ECC)", lambda f: "memory" in f.message)):
+            hits = [f for g in healths for f in _health_findings(g) if pick(f)]
+            rows.append((label, max((f.level for f in hits), default="ok", key=_LEVELS.index),
+                         "; ".join(f.message for f in hits) or "none reported by the driver"))
+    else:
+        rows += [("slowdown (power, heat)", "n/a", "no GPU health figures"),
+                 ("memory errors (ECC)", "n/a", "no GPU health figures")]
+    if facts.shm_bytes is None:
+        rows.append(("DataLoader shared memory", "n/a", "no /dev/shm"))
+    else:
+        small = facts.shm_bytes < GiB
+        rows.append(("DataLoader shared memory", "warn" if small else "ok",
+                     f"/dev/shm is {_gib(facts.shm_bytes)}" + (
+                         ": workers may die with a bus error; in Docker use --shm-size=8g or "
+                         "--ipc=host" if small else "")))
+    rows.append(("hung collective", "n/a", "shows only during a run: give init_process_group a "
+                 "timeout (chapter 08)"))
+    return rows
+
+
+_LEVELS = ["n/a", "ok", "warn", "error"]
+
+
 def _hides_all_gpus(facts: DeviceFacts) -> bool:
     """CUDA reads CUDA_VISIBLE_DEVICES up to its first invalid entry, so it hides every GPU when
     that first entry is invalid: "", "-1" or an index past the last GPU. (UUIDs taken as valid.)"""
@@ -185,6 +284,8 @@ def render_report(facts: DeviceFacts, findings: list[Finding]) -> str:
                      f"{_gib(g.total_bytes)}, compute processes: {processes}")
         for p in g.processes or []:
             lines.append(f"      pid {p.pid:<8} {p.name or '?':<16} {_gib(p.used_bytes)}")
+    lines += ["", "  Failure classes checked before a run (chapter 08):"]
+    lines += [f"    {'[' + level + ']':<8} {name}: {why}" for name, level, why in failure_classes(facts)]
     lines.append("")
     for f in findings:
         lines.append(f"  {'[' + f.level + ']':<7}  {f.message}")

@@ -1,0 +1,395 @@
+"""The classic failures of a GPU job, as arithmetic and as text to read (chapter 08).
+
+Each function here answers one question a person asks in front of a failed or slow run:
+
+- *Why is the GPU slow?* ``decode_clock_events`` reads NVML's clock-event (throttle) bitmask with
+  pynvml's own constants; ``XID`` and ``DCGM_DIAG_LEVELS`` name what the driver's log and
+  NVIDIA's diagnostics report.
+- *How often should I checkpoint?* ``cluster_mtbf``, ``young_interval``, ``daly_interval``,
+  ``waste_fraction``, ``max_interval_for_loss`` and the Monte Carlo ``simulate_waste`` that
+  checks them.
+- *What does this out-of-memory message say?* ``cuda_oom_message`` writes PyTorch's message from
+  its numbers (the format of c10/cuda/CUDACachingAllocator.cpp), ``parse_oom`` reads one back,
+  ``oom_fix`` names the fix; ``parse_cpu_oom`` reads the CPU allocator's message.
+- *Why did CUDA raise at the wrong line?* ``cuda_error_message`` writes the text of a CUDA error as
+  c10/cuda/CUDAException.cpp composes it; ``kernel_image_available`` says whether a torch build
+  has kernels for a GPU ("no kernel image is available for execution on the device").
+- *When did my loss go bad?* ``first_nonfinite`` and ``steps_to_overflow``.
+- *Will my DataLoader's workers fit in /dev/shm?* ``shm_bytes_needed``.
+
+Everything is a pure function of its arguments: the chapter's quizzes, its answer key and the
+tests call the same code. GB = 10^9 bytes, GiB = 2^30 bytes throughout.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import pynvml  # nvidia-ml-py: only its constants are used here, so no driver is needed
+
+# ----------------------------------------------------------------------------- clock events
+
+#: NVML's clock-event reasons: (bit, pynvml constant, what it means, is it a slowdown the job
+#: suffers from). The bits are ``nvmlClocksEventReason*`` in nvml.h, as pynvml defines them; the
+#: meanings paraphrase the NVML API reference, "Clock Event Reasons"
+#: (docs.nvidia.com/deploy/nvml-api, ``nvmlDeviceGetCurrentClocksEventReasons``). NVML renamed
+#: "throttle reasons" to "clock event reasons" in driver 535; the bits did not change.
+CLOCK_EVENTS = [
+    (pynvml.nvmlClocksEventReasonGpuIdle, "GpuIdle",
+     "nothing is running, so the clocks are low", False),
+    (pynvml.nvmlClocksEventReasonApplicationsClocksSetting, "ApplicationsClocksSetting",
+     "clocks held at the application clocks someone set (nvidia-smi -ac)", False),
+    (pynvml.nvmlClocksEventReasonSwPowerCap, "SwPowerCap",
+     "the power draw reached the power limit: the driver lowers clocks to stay under it", True),
+    (pynvml.nvmlClocksEventReasonHwSlowdown, "HwSlowdown",
+     "hardware slowdown (temperature, power brake or a power-supply signal): clocks cut hard",
+     True),
+    (pynvml.nvmlClocksEventReasonSyncBoost, "SyncBoost",
+     "held to the clocks of the other GPUs in its sync-boost group", False),
+    (pynvml.nvmlClocksEventReasonSwThermalSlowdown, "SwThermalSlowdown",
+     "the GPU or its memory is too hot: the driver lowers clocks", True),
+    (pynvml.nvmlClocksEventReasonHwThermalSlowdown, "HwThermalSlowdown",
+     "temperature past the hardware limit: clocks cut by the hardware", True),
+    (pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown, "HwPowerBrakeSlowdown",
+     "an external power brake (the chassis or power supply asked for less)", True),
+    (pynvml.nvmlClocksEventReasonDisplayClockSetting, "DisplayClockSetting",
+     "held to the display clock setting", False),
+]
+
+
+def decode_clock_events(mask: int) -> list[str]:
+    """The names of the reasons set in an ``nvmlDeviceGetCurrentClocksEventReasons`` bitmask,
+    in bit order; bits NVML's table does not know are named ``unknown(0x...)``. ``0`` means no
+    reason: the clocks run as high as the GPU allows."""
+    names = [name for bit, name, _, _ in CLOCK_EVENTS if mask & bit]
+    unknown = mask & ~sum(bit for bit, *_ in CLOCK_EVENTS)
+    return names + ([f"unknown({unknown:#x})"] if unknown else [])
+
+
+def slowdowns(mask: int) -> list[str]:
+    """Only the reasons that slow a running job: power and thermal limits, hardware brakes."""
+    return [name for bit, name, _, slows in CLOCK_EVENTS if slows and mask & bit]
+
+
+def explain_clock_events(mask: int) -> str:
+    """One line per reason set, in plain words."""
+    if not mask:
+        return "0x0: no reason, the clocks run as high as the GPU allows"
+    return "\n".join(f"{bit:#06x} {name}: {says}" for bit, name, says, _ in CLOCK_EVENTS
+                     if mask & bit) or f"{mask:#x}: bits unknown to this table"
+
+
+# ----------------------------------------------------------------------------- Xid and DCGM
+
+#: A few Xid codes a training cluster meets most, as NVIDIA's "Xid Errors" documentation
+#: (docs.nvidia.com/deploy/xid-errors, and its Xid catalog for Ampere and newer) describes them,
+#: with the usual first response. The driver writes them to the kernel log
+#: (``dmesg | grep Xid``): "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, ...".
+XID = {
+    13: ("graphics engine exception", "usually the application (an out-of-range access in a "
+         "kernel): rerun it; suspect the GPU only if it repeats with other programs"),
+    31: ("GPU memory page fault", "usually the application (an illegal address); debug it "
+         "with CUDA_LAUNCH_BLOCKING=1 or compute-sanitizer"),
+    43: ("GPU stopped processing", "the application's context was stopped; restart the job"),
+    45: ("preemptive cleanup, due to previous errors", "a consequence: find the Xid before it"),
+    48: ("double-bit (uncorrectable) ECC error", "drain the GPU and reset it; if it repeats, "
+         "replace it"),
+    63: ("ECC page retirement or row remapping recorded", "reset the GPU (or reboot) so the "
+         "remapping takes effect"),
+    64: ("ECC page retirement or row remapping failed", "hardware: take the GPU out of service"),
+    74: ("NVLink error", "reset the GPU; if it repeats, check or replace the link or the board"),
+    79: ("GPU has fallen off the bus", "the host lost the GPU: reboot the node and have its "
+         "power, cooling and seating checked"),
+    92: ("high single-bit ECC error rate", "watch it; replace the GPU if it keeps rising"),
+    94: ("contained ECC error", "only the affected application died: restart it, reset the "
+         "GPU when convenient"),
+    95: ("uncontained ECC error", "every application on the GPU is affected: reset the GPU"),
+}
+
+#: ``dcgmi diag -r N``: the four suite levels of NVIDIA DCGM's active diagnostics ("dcgmi diag"
+#: reference, docs.nvidia.com/datacenter/dcgm). Named here, never run by the course: they take
+#: the whole GPU (and levels 3-4 minutes to an hour or more).
+DCGM_DIAG_LEVELS = {
+    1: "quick: deployment and software checks, seconds (a readiness check before a job)",
+    2: "medium: adds short hardware tests, about two minutes (an epilogue after a failure)",
+    3: "long: hardware diagnostics under stress, about 15 minutes (post-mortem, by an admin)",
+    4: "extended: longer-running hardware diagnostics (post-mortem, by an admin)",
+}
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def cluster_mtbf(mtbf_per_device: float, devices: int) -> float:
+    """Mean time between failures of a job that stops when any of ``devices`` fails, each failing
+    independently at rate 1/``mtbf_per_device``: rates add, so M = M_device / N (same unit)."""
+    return mtbf_per_device / devices
+
+
+def young_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
+    """Young's optimum time between checkpoints, √(2 δ M) (J. W. Young, "A first order
+    approximation to the optimum checkpoint interval", Communications of the ACM 17(9), 1974).
+    Derivation: per unit of time, checkpoints cost δ/τ and a failure (rate 1/M) loses on average
+    half an interval, τ/(2M); the sum is smallest where δ/τ² = 1/(2M). Any one time unit."""
+    return math.sqrt(2 * checkpoint_seconds * mtbf_seconds)
+
+
+def daly_interval(checkpoint_seconds: float, mtbf_seconds: float) -> float:
+    """Daly's higher-order optimum: √(2δM)·[1 + ⅓√(δ/2M) + δ/(18M)] − δ for δ < 2M, else M
+    (J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps",
+    Future Generation Computer Systems 22(3), 2006, eq. 37). Close to Young's when δ ≪ M."""
+    delta, m = checkpoint_seconds, mtbf_seconds
+    if delta >= 2 * m:
+        return m
+    x = delta / (2 * m)
+    return math.sqrt(2 * delta * m) * (1 + math.sqrt(x) / 3 + x / 9) - delta
+
+
+def waste_fraction(interval: float, checkpoint_seconds: float, mtbf_seconds: float,
+                   restart_seconds: float = 0.0) -> float:
+    """First-order share of wall time not spent on new work: δ/τ (writing checkpoints) +
+    τ/(2M) (work redone after a failure, half an interval on average) + R/M (restarting). The
+    model behind Young's interval; good while τ and δ are small against M."""
+    return (checkpoint_seconds / interval + interval / (2 * mtbf_seconds)
+            + restart_seconds / mtbf_seconds)
+
+
+def max_interval_for_loss(mtbf_seconds: float, loss: float) -> float:
+    """The longest interval whose expected rework, τ/(2M), stays at most ``loss`` (a fraction):
+    τ = 2·loss·M."""
+    return 2 * loss * mtbf_seconds
+
+
+def simulate_waste(work_seconds: float, interval: float, checkpoint_seconds: float,
+                   mtbf_seconds: float, runs: int = 400, restart_seconds: float = 0.0,
+                   seed: int = 0) -> float:
+    """Monte Carlo check of ``waste_fraction``: run a job of ``work_seconds`` of work ``runs``
+    times, writing a checkpoint (δ) after every ``interval`` of work, with failures arriving as a
+    Poisson process of mean gap M (also during checkpoints and restarts). A failure loses the work
+    since the last completed checkpoint and costs ``restart_seconds``. Returns the mean share of
+    wall time that was not new work, 1 − work / wall."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    wasted = []
+    for _ in range(runs):
+        wall, done, next_failure = 0.0, 0.0, rng.exponential(mtbf_seconds)
+        while done < work_seconds:
+            segment = min(interval, work_seconds - done)
+            cost = segment + (checkpoint_seconds if done + segment < work_seconds else 0.0)
+            if wall + cost <= next_failure:          # the segment and its checkpoint complete
+                wall, done = wall + cost, done + segment
+                continue
+            wall = next_failure + restart_seconds   # lost since the last checkpoint
+            next_failure = wall + rng.exponential(mtbf_seconds)
+        wasted.append(1 - work_seconds / wall)
+    return float(np.mean(wasted))
+
+
+# ----------------------------------------------------------------------------- out of memory
+
+_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def format_size(n: int) -> str:
+    """A byte count as PyTorch's c10 ``format_size`` writes it in its messages: bytes up to
+    1 KiB, then KiB, MiB or GiB with two decimals (binary units)."""
+    if n <= 1024:
+        return f"{n} bytes"
+    if n <= 1024 * 1024:
+        return f"{n / 1024:.2f} KiB"
+    if n <= 1024**3:
+        return f"{n / 1024**2:.2f} MiB"
+    return f"{n / 1024**3:.2f} GiB"
+
+
+def cuda_oom_message(requested: int, total: int, free: int, allocated: int, reserved: int,
+                     process_bytes: int | None = None, device: int = 0) -> str:
+    """PyTorch's CUDA out-of-memory message for these byte counts, in the format that
+    ``c10/cuda/CUDACachingAllocator.cpp`` (``DeviceCachingAllocator::malloc``) composes: what was
+    asked, the device's total and free memory (``cudaMemGetInfo``), this process's memory as the
+    driver counts it, then the allocator's allocated bytes and reserved − allocated bytes ("reserved
+    by PyTorch but unallocated"). The course builds it from numbers you give: a message written
+    here is an illustration of the format, not something measured."""
+    process = ("" if process_bytes is None else
+               f"Including non-PyTorch memory, this process has {format_size(process_bytes)} "
+               "memory in use. ")
+    return (f"CUDA out of memory. Tried to allocate {format_size(requested)}. GPU {device} has a "
+            f"total capacity of {format_size(total)} of which {format_size(free)} is free. "
+            f"{process}Of the allocated memory {format_size(allocated)} is allocated by PyTorch, "
+            f"and {format_size(reserved - allocated)} is reserved by PyTorch but unallocated. If "
+            "reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+            "documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+
+
+@dataclass(frozen=True)
+class OOMReport:
+    """The numbers of a CUDA out-of-memory message, in bytes (to the message's 2 decimals)."""
+
+    requested: int
+    total: int
+    free: int
+    allocated: int                 # handed out to tensors by PyTorch's caching allocator
+    unallocated: int               # reserved by PyTorch but unallocated (cached, split blocks)
+    process: int | None = None     # this process as the driver counts it, if the message says
+
+    @property
+    def reserved(self) -> int:
+        """What PyTorch's allocator holds from the driver: allocated + unallocated."""
+        return self.allocated + self.unallocated
+
+    @property
+    def outside_pytorch(self) -> int:
+        """Device memory neither free nor reserved by this PyTorch: the CUDA context, cuBLAS and
+        NCCL buffers, other processes: total − free − reserved."""
+        return self.total - self.free - self.reserved
+
+
+def _bytes(number: str, unit: str) -> int:
+    return round(float(number) * _UNITS[unit])
+
+
+_SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB)"
+
+
+def parse_oom(text: str) -> OOMReport:
+    """Read the numbers back from a CUDA out-of-memory message (``cuda_oom_message``'s format,
+    which recent PyTorch releases print). ValueError if the text is not such a message."""
+    pattern = (rf"Tried to allocate {_SIZE}\. GPU \d+ has a total capacity of {_SIZE} of which "
+               rf"{_SIZE} is free\..*?Of the allocated memory {_SIZE} is allocated by PyTorch,"
+               rf".*?and {_SIZE} is reserved by PyTorch but unallocated")
+    match = re.search(pattern, " ".join(text.split()))
+    if not match:
+        raise ValueError("not a CUDA out-of-memory message of the expected format")
+    g = match.groups()
+    process = re.search(rf"this process has {_SIZE} memory in use", text)
+    return OOMReport(_bytes(g[0], g[1]), _bytes(g[2], g[3]), _bytes(g[4], g[5]),
+                     _bytes(g[6], g[7]), _bytes(g[8], g[9]),
+                     _bytes(*process.groups()) if process else None)
+
+
+def oom_fix(report: OOMReport) -> str:
+    """The first fix to try for an out-of-memory report, in the course's vocabulary:
+
+    - ``"too_large"``: the one request exceeds the whole GPU: no setting helps; shrink the batch
+      or sequence, or shard the tensor across GPUs;
+    - ``"expandable_segments"``: the allocator already holds at least the request, reserved but
+      unallocated: fragmentation (free blocks split from partly used segments; the allocator has
+      released every whole free segment before raising), which
+      ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` avoids;
+    - ``"other_process"``: memory outside this PyTorch (other processes, above a 1 GiB context)
+      would cover the request: find and stop them (``nvidia-smi``, ``python -m gpulab doctor``);
+    - ``"smaller_batch"``: the live tensors need it: a smaller micro-batch with gradient
+      accumulation, activation checkpointing, or lower precision (chapters 02, 04, 05)."""
+    if report.requested > report.total:
+        return "too_large"
+    if report.unallocated >= report.requested:
+        return "expandable_segments"
+    if report.outside_pytorch - 2**30 >= report.requested:
+        return "other_process"
+    return "smaller_batch"
+
+
+def parse_cpu_oom(text: str) -> int:
+    """The bytes a failed CPU allocation asked for, from PyTorch's ``DefaultCPUAllocator``
+    message ("... you tried to allocate 4503599627370496 bytes ...")."""
+    match = re.search(r"tried to allocate (\d+) bytes", text)
+    if not match:
+        raise ValueError("not a CPU allocator message of the expected format")
+    return int(match.group(1))
+
+
+# ----------------------------------------------------------------------------- CUDA errors
+
+#: cudaGetErrorName / cudaGetErrorString of the errors this chapter reads (CUDA Runtime API,
+#: "Data types", cudaError).
+CUDA_ERRORS = {
+    "cudaErrorAssert": "device-side assert triggered",
+    "cudaErrorNoKernelImageForDevice": "no kernel image is available for execution on the device",
+    "cudaErrorIllegalAddress": "an illegal memory access was encountered",
+    "cudaErrorECCUncorrectable": "uncorrectable ECC error encountered",
+}
+#: Kernel failures that surface at a later CUDA call (``get_cuda_async_error_suffix``).
+_ASYNCHRONOUS = {"cudaErrorAssert", "cudaErrorIllegalAddress", "cudaErrorLaunchFailure",
+                 "cudaErrorIllegalInstruction", "cudaErrorMisalignedAddress"}
+
+
+def cuda_error_message(error_name: str, launch_blocking: bool = False) -> str:
+    """The text of ``torch.AcceleratorError`` for a CUDA error, composed as
+    ``c10/cuda/CUDAException.cpp`` (``c10_cuda_check_implementation``) and
+    ``c10/cuda/CUDAMiscFunctions.cpp`` do: the error string, where to look it up, then, for a
+    kernel failure reported asynchronously and without CUDA_LAUNCH_BLOCKING=1, the warning that the
+    stack trace may point at the wrong line. The last line is what a build without device-side
+    assertions (the default) adds. Built from the source's format, not captured from a GPU."""
+    lines = [f"CUDA error: {CUDA_ERRORS[error_name]}",
+             f"Search for `{error_name}' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+             "group__CUDART__TYPES.html for more information."]
+    if error_name in _ASYNCHRONOUS:
+        if not launch_blocking:
+            lines += ["CUDA kernel errors might be asynchronously reported at some other API "
+                      "call, so the stacktrace below might be incorrect.",
+                      "For debugging consider passing CUDA_LAUNCH_BLOCKING=1"]
+    else:
+        lines.append("For more detailed error information, run with CUDA_LOG_FILE=stderr")
+    lines.append("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
+    return "\n".join(lines)
+
+
+def kernel_image_available(arch_list: list[str], capability: tuple[int, int]) -> tuple[bool, str]:
+    """Can a torch build whose ``torch.cuda.get_arch_list()`` is ``arch_list`` run kernels on a
+    GPU of compute ``capability``? Rules of the CUDA C++ Programming Guide ("Binary
+    Compatibility", "PTX Compatibility"): machine code built for sm_XY runs on capability X.Z for
+    Z ≥ Y (same major version only; the ``a`` variants such as sm_90a only on X.Y itself); PTX
+    built for compute_XY is compiled by the driver for any capability ≥ X.Y. Returns (yes or no,
+    why)."""
+    major, minor = capability
+    want = f"sm_{major}{minor}"
+    for arch in arch_list:
+        kind, _, digits = arch.partition("_")
+        exact_only = digits.endswith(("a", "f"))
+        digits = digits.rstrip("af")
+        if not digits.isdigit():
+            continue
+        a_major, a_minor = int(digits[:-1]), int(digits[-1])
+        if kind == "sm" and a_major == major and (a_minor == minor or
+                                                  (a_minor < minor and not exact_only)):
+            return True, f"{arch} machine code runs on {want}"
+        if kind == "compute" and (a_major, a_minor) <= (major, minor):
+            return True, f"{arch} PTX is compiled by the driver for {want} (slow first start)"
+    if not arch_list:
+        return False, "this torch has no CUDA kernels at all (a CPU-only build)"
+    return False, (f"no kernels for {want}: this torch was built for {' '.join(arch_list)}; "
+                   "install a torch build that lists your GPU's architecture")
+
+
+# ----------------------------------------------------------------------------- NaN, /dev/shm
+
+
+def first_nonfinite(values) -> int | None:
+    """Index of the first NaN or ±inf in a sequence of numbers (losses per step), or None."""
+    for i, v in enumerate(values):
+        if not math.isfinite(float(v)):
+            return i
+    return None
+
+
+def steps_to_overflow(start: float, growth: float, limit: float = 65504.0) -> int:
+    """The first step t at which start·growth^t exceeds ``limit`` (fp16's largest finite value by
+    default, chapter 04), for growth > 1: t = ⌊log(limit/start) / log(growth)⌋ + 1. A value that
+    large rounds to inf in fp16, and inf − inf or 0·inf makes NaN in the steps after."""
+    if growth <= 1:
+        raise ValueError("a value that does not grow never overflows")
+    if start > limit:
+        return 0
+    return math.floor(math.log(limit / start) / math.log(growth)) + 1
+
+
+def shm_bytes_needed(workers: int, prefetch_factor: int, batch_bytes: int) -> int:
+    """Shared memory that DataLoader workers fill at once: each of the W workers keeps up to
+    ``prefetch_factor`` batches ready, and a batch travels to the main process through /dev/shm
+    (``torch.multiprocessing``'s file-descriptor sharing). Docker's default /dev/shm is 64 MB
+    (``docker run --shm-size``); past it a worker dies with a bus error."""
+    return workers * prefetch_factor * batch_bytes

@@ -1,0 +1,360 @@
+"""Watching a run: a background sampler of what the GPU (or, without one, this process) is doing,
+the phases of the loop it watched, the energy it used, and one plot of it all (chapter 08).
+
+On a GPU, every ``interval`` seconds ``Monitor`` asks the driver through NVML (nvidia-ml-py's
+``pynvml``; never by parsing ``nvidia-smi``, whose text changes between versions) for
+
+====================  ===========================================  ===========================
+series                NVML call                                    nvidia-smi shows it as
+====================  ===========================================  ===========================
+``util_percent``      ``nvmlDeviceGetUtilizationRates(h).gpu``      GPU-Util
+``memory_used_bytes`` ``nvmlDeviceGetMemoryInfo(h).used``           Memory-Usage (MiB)
+``power_watts``       ``nvmlDeviceGetPowerUsage(h)`` (mW)           Pwr:Usage/Cap
+``temperature_c``     ``nvmlDeviceGetTemperature(h, GPU)``          Temp
+``sm_clock_mhz``      ``nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)``  -q -d CLOCK
+``clock_events``      ``nvmlDeviceGetCurrentClocksEventReasons(h)`` -q -d PERFORMANCE
+``energy_mj``         ``nvmlDeviceGetTotalEnergyConsumption(h)``    (not shown)
+====================  ===========================================  ===========================
+
+(NVML API reference, docs.nvidia.com/deploy/nvml-api, "Device Queries".) A query this GPU or
+driver does not support is left out of the trace, not faked. Without a GPU (no driver, a
+CPU-only machine) the monitor says so and samples what it can, labelled as such: this process's
+CPU use (``cpu_percent``, 100 = one core busy, from psutil) and resident memory (``rss_bytes``).
+
+Two limits belong beside every trace: a phase shorter than the interval can fall between two
+samples, and NVML's utilisation is itself an average over the driver's own sample period
+(1/6 s to 1 s, ``nvmlUtilization_t``), so a sample describes the recent past, not the instant.
+
+``read_health`` reads once what the doctor judges before a run (clocks, power cap, clock-event
+reasons, temperatures, ECC), with the same never-raise rule.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+GPU_SERIES = ("util_percent", "memory_used_bytes", "power_watts", "temperature_c",
+              "sm_clock_mhz", "clock_events", "energy_mj")
+CPU_SERIES = ("cpu_percent", "rss_bytes")
+LABELS = {"util_percent": "GPU utilisation (%)", "memory_used_bytes": "GPU memory used (GiB)",
+          "power_watts": "power (W)", "temperature_c": "temperature (°C)",
+          "sm_clock_mhz": "SM clock (MHz)", "clock_events": "clock-event bits",
+          "cpu_percent": "process CPU (% of one core)", "rss_bytes": "process RSS (GiB)"}
+
+
+# ----------------------------------------------------------------------------- formulas
+
+def energy_per_step(power_watts: float, step_seconds: float) -> float:
+    """Joules per step: mean power × step time (1 W = 1 J/s)."""
+    return power_watts * step_seconds
+
+
+def tokens_per_kwh(tokens_per_step: float, joules_per_step: float) -> float:
+    """Tokens trained per kilowatt-hour: 1 kWh = 1000 W × 3600 s = 3.6e6 J."""
+    return tokens_per_step * 3.6e6 / joules_per_step
+
+
+# ----------------------------------------------------------------------------- the trace
+
+@dataclass
+class Trace:
+    """What a Monitor saw: sample times (seconds since start), one list per series, the phases
+    marked with ``Monitor.phase`` as (name, start, end), and where the numbers came from."""
+
+    source: str = ""
+    times: list[float] = field(default_factory=list)
+    series: dict[str, list[float]] = field(default_factory=dict)
+    phases: list[tuple[str, float, float]] = field(default_factory=list)
+    note: str = ""               # why there is no GPU, the first error, what was left out
+
+    @property
+    def on_gpu(self) -> bool:
+        return "util_percent" in self.series
+
+    @property
+    def samples(self) -> int:
+        return len(self.times)
+
+    def between(self, start: float, end: float, name: str) -> list[float]:
+        """The values of series ``name`` sampled in [start, end]."""
+        return [v for t, v in zip(self.times, self.series.get(name, [])) if start <= t <= end]
+
+    def in_phase(self, phase: str, name: str) -> list[float]:
+        """The values of series ``name`` sampled during every span of ``phase``."""
+        return [v for p, a, b in self.phases if p == phase for v in self.between(a, b, name)]
+
+    def energy_joules(self, start: float = 0.0, end: float = float("inf")) -> float | None:
+        """Energy used in [start, end]: the difference of NVML's energy counter where it exists
+        (Volta and newer), else power integrated over time (trapezoids between samples, which
+        misses what happens between them). None without power readings (a CPU)."""
+        counter = self.between(start, end, "energy_mj")
+        if len(counter) >= 2:
+            return (counter[-1] - counter[0]) / 1e3
+        pairs = [(t, p) for t, p in zip(self.times, self.series.get("power_watts", []))
+                 if start <= t <= end]
+        if len(pairs) < 2:
+            return None
+        return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pairs, pairs[1:]))
+
+    def __str__(self) -> str:
+        span = f"{self.times[-1] - self.times[0]:.2f} s" if self.samples > 1 else "no time"
+        text = f"{self.samples} samples over {span} from {self.source}"
+        return text + (f" ({self.note})" if self.note else "")
+
+
+# ----------------------------------------------------------------------------- NVML reads
+
+def _ask(query, *args):
+    """One optional NVML (or psutil) query: None where this GPU or driver does not support it."""
+    try:
+        return query(*args)
+    except Exception:  # noqa: BLE001 (NVMLError_NotSupported, an old driver's missing symbol...)
+        return None
+
+
+def clock_events(nvml, handle) -> int | None:
+    """The clock-event bitmask; drivers older than 535 only have the old name of the call."""
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons",
+                 "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        if hasattr(nvml, name) and (mask := _ask(getattr(nvml, name), handle)) is not None:
+            return int(mask)
+    return None
+
+
+def read_gpu_sample(nvml, handle) -> dict[str, float]:
+    """One reading of every series in GPU_SERIES that this GPU supports."""
+    rates = _ask(getattr(nvml, "nvmlDeviceGetUtilizationRates", None), handle)
+    memory = _ask(getattr(nvml, "nvmlDeviceGetMemoryInfo", None), handle)
+    power = _ask(getattr(nvml, "nvmlDeviceGetPowerUsage", None), handle)       # milliwatts
+    values = {
+        "util_percent": None if rates is None else rates.gpu,
+        "memory_used_bytes": None if memory is None else memory.used,
+        "power_watts": None if power is None else power / 1e3,
+        "temperature_c": _ask(getattr(nvml, "nvmlDeviceGetTemperature", None), handle,
+                              getattr(nvml, "NVML_TEMPERATURE_GPU", 0)),
+        "sm_clock_mhz": _ask(getattr(nvml, "nvmlDeviceGetClockInfo", None), handle,
+                             getattr(nvml, "NVML_CLOCK_SM", 1)),
+        "clock_events": clock_events(nvml, handle),
+        "energy_mj": _ask(getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None), handle),
+    }
+    return {k: float(v) for k, v in values.items() if v is not None}
+
+
+@dataclass
+class GPUHealth:
+    """What the driver says about one GPU before a run; None where it does not say."""
+
+    sm_clock_mhz: float | None = None
+    max_sm_clock_mhz: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None          # enforced now
+    default_power_limit_watts: float | None = None  # as shipped
+    temperature_c: float | None = None
+    slowdown_temperature_c: float | None = None
+    clock_events: int | None = None
+    ecc_enabled: bool | None = None
+    ecc_uncorrected_volatile: int | None = None     # since the last driver load / reset
+    ecc_corrected_volatile: int | None = None
+    retired_pages_pending: bool | None = None       # pre-Ampere: page retirement
+    row_remap_pending: bool | None = None           # Ampere and newer: row remapping
+    row_remap_failed: bool | None = None
+    persistence_mode: bool | None = None
+    mig_enabled: bool | None = None
+
+
+def read_health(nvml, handle) -> GPUHealth:
+    """Read a GPUHealth; every query optional (``_ask``), so an old driver or a consumer GPU
+    without ECC gives Nones, never an exception. Sources: NVML API reference, "Device Queries"
+    (clocks, power, temperature thresholds, ECC counters, ``nvmlDeviceGetRemappedRows``)."""
+    h = GPUHealth()
+    sm = getattr(nvml, "NVML_CLOCK_SM", 1)
+    h.sm_clock_mhz = _ask(getattr(nvml, "nvmlDeviceGetClockInfo", None), handle, sm)
+    h.max_sm_clock_mhz = _ask(getattr(nvml, "nvmlDeviceGetMaxClockInfo", None), handle, sm)
+    for attr, query in (("power_watts", "nvmlDeviceGetPowerUsage"),
+                        ("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit"),
+                        ("default_power_limit_watts", "nvmlDeviceGetPowerManagementDefaultLimit")):
+        milliwatts = _ask(getattr(nvml, query, None), handle)
+        setattr(h, attr, None if milliwatts is None else milliwatts / 1e3)
+    h.temperature_c = _ask(getattr(nvml, "nvmlDeviceGetTemperature", None), handle,
+                           getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
+    h.slowdown_temperature_c = _ask(getattr(nvml, "nvmlDeviceGetTemperatureThreshold", None),
+                                    handle, getattr(nvml, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1))
+    h.clock_events = clock_events(nvml, handle)
+    ecc = _ask(getattr(nvml, "nvmlDeviceGetEccMode", None), handle)        # [current, pending]
+    h.ecc_enabled = None if ecc is None else bool(ecc[0])
+    if h.ecc_enabled:
+        errors = getattr(nvml, "nvmlDeviceGetTotalEccErrors", None)
+        volatile = getattr(nvml, "NVML_VOLATILE_ECC", 0)
+        h.ecc_uncorrected_volatile = _ask(errors, handle,
+                                          getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+                                          volatile)
+        h.ecc_corrected_volatile = _ask(errors, handle,
+                                        getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0),
+                                        volatile)
+    pending = _ask(getattr(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", None), handle)
+    h.retired_pages_pending = None if pending is None else bool(pending)
+    remapped = _ask(getattr(nvml, "nvmlDeviceGetRemappedRows", None), handle)
+    if remapped is not None:       # (corrected rows, uncorrected rows, pending, failure)
+        h.row_remap_pending, h.row_remap_failed = bool(remapped[2]), bool(remapped[3])
+    persistence = _ask(getattr(nvml, "nvmlDeviceGetPersistenceMode", None), handle)
+    h.persistence_mode = None if persistence is None else bool(persistence)
+    mig = _ask(getattr(nvml, "nvmlDeviceGetMigMode", None), handle)       # [current, pending]
+    h.mig_enabled = None if mig is None else bool(mig[0])
+    return h
+
+
+# ----------------------------------------------------------------------------- the monitor
+
+class Monitor:
+    """Sample one GPU (or this process, without a GPU) every ``interval`` seconds::
+
+        with monitor.Monitor(interval=0.1) as watch:
+            with watch.phase("train"):
+                ...                                   # the work
+        print(watch.trace); monitor.plot(watch.trace)
+
+    ``index``: the NVML device index (physical numbering; ``gpulab.device.physical_gpu`` maps
+    torch's index to it). ``nvml``: the ``pynvml`` module or a stand-in with its functions
+    (tests). ``gpu=False`` watches the process even where a GPU exists. Sampling never raises
+    into the work: an error is noted in ``trace.note``.
+    """
+
+    def __init__(self, index: int = 0, interval: float = 0.1, nvml=None, gpu: bool = True):
+        self.index, self.interval, self.gpu = index, interval, gpu
+        self.trace = Trace()
+        self._nvml, self._handle, self._process = nvml, None, None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+
+    # -- choosing what to watch
+
+    def _open_gpu(self) -> str | None:
+        """Open NVML and the GPU; None on success, else why not (the CPU fallback says it)."""
+        if not self.gpu:
+            return "GPU monitoring switched off"
+        try:
+            if self._nvml is None:
+                import pynvml
+                self._nvml = pynvml
+            self._nvml.nvmlInit()
+        except Exception as error:  # noqa: BLE001 (no library, no driver: NVMLError_*)
+            self._nvml = None
+            return f"no NVIDIA GPU to monitor (NVML: {type(error).__name__}: {error})"
+        try:
+            if self._nvml.nvmlDeviceGetCount() <= self.index:
+                raise IndexError(f"NVML sees no GPU {self.index}")
+            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.index)
+            name = self._nvml.nvmlDeviceGetName(self._handle)
+        except Exception as error:  # noqa: BLE001
+            self._nvml.nvmlShutdown()
+            self._nvml = None
+            return f"no NVIDIA GPU to monitor ({type(error).__name__}: {error})"
+        name = name.decode() if isinstance(name, bytes) else name
+        self.trace.source = f"NVML, GPU {self.index} ({name})"
+        return None
+
+    def _open_process(self, why: str) -> None:
+        import psutil
+        self._process = psutil.Process(os.getpid())
+        self._process.cpu_percent(None)           # the first call starts psutil's CPU clock
+        self.trace.source = "this process's CPU and memory (psutil), not a GPU"
+        self.trace.note = why
+
+    # -- lifecycle
+
+    def start(self) -> "Monitor":
+        why_not = self._open_gpu()
+        if why_not:
+            self._open_process(why_not)
+        self._t0 = time.perf_counter()
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="gpulab-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> Trace:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self.sample()                          # the end of the run counts too
+            if self._nvml is not None:
+                _ask(self._nvml.nvmlShutdown)
+        return self.trace
+
+    def __enter__(self) -> "Monitor":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def now(self) -> float:
+        """Seconds since the monitor started (the trace's clock)."""
+        return time.perf_counter() - self._t0
+
+    @contextmanager
+    def phase(self, name: str):
+        """Mark a phase of the loop (data, compute, checkpoint...) on the trace's clock."""
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.trace.phases.append((name, start, self.now()))
+
+    def sample(self) -> None:
+        """Take one sample now; an error is noted, never raised."""
+        try:
+            if self._handle is not None:
+                values = read_gpu_sample(self._nvml, self._handle)
+            else:
+                values = {"cpu_percent": self._process.cpu_percent(None),
+                          "rss_bytes": float(self._process.memory_info().rss)}
+        except Exception as error:  # noqa: BLE001
+            self.trace.note = self.trace.note or f"sampling failed: {type(error).__name__}: {error}"
+            return
+        t = self.now()
+        self.trace.times.append(t)
+        for name, value in values.items():
+            column = self.trace.series.setdefault(name, [])
+            column.extend([float("nan")] * (len(self.trace.times) - 1 - len(column)))
+            column.append(value)
+
+
+# ----------------------------------------------------------------------------- the plot
+
+def plot(trace: Trace, names: tuple[str, ...] | None = None, title: str = ""):
+    """One panel per series against time, the phases shaded and named, each sample a dot (so the
+    gaps between samples show). Bytes are drawn in GiB. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    wanted = names or tuple(n for n in (*GPU_SERIES, *CPU_SERIES)
+                            if n in trace.series and n not in ("energy_mj", "clock_events"))
+    fig, axes = plt.subplots(len(wanted), 1, sharex=True, figsize=(9, 1.9 * len(wanted) + 0.6),
+                             squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    phase_names = list(dict.fromkeys(p for p, _, _ in trace.phases))
+    for ax, name in zip(axes[:, 0], wanted):
+        scale = 2**30 if name.endswith("_bytes") else 1
+        values = [v / scale for v in trace.series[name]]
+        ax.plot(trace.times[:len(values)], values, "-o", markersize=3, color="black", lw=1)
+        ax.set_ylabel(LABELS.get(name, name), fontsize=8)
+        for phase, start, end in trace.phases:
+            ax.axvspan(start, end, alpha=0.18, lw=0,
+                       color=colours[phase_names.index(phase) % len(colours)])
+    for i, phase in enumerate(phase_names):     # one label per phase, on the top panel
+        first = next(s for p, s, _ in trace.phases if p == phase)
+        axes[0, 0].annotate(phase, (first, 1.02), xycoords=("data", "axes fraction"), fontsize=8,
+                            color=colours[i % len(colours)])
+    axes[-1, 0].set_xlabel("seconds since the monitor started")
+    fig.suptitle(title or f"Monitored: {trace.source}", fontsize=10)
+    fig.tight_layout()
+    return fig
