@@ -16,6 +16,7 @@ Each function here answers one question a person asks in front of a failed or sl
   has kernels for a GPU ("no kernel image is available for execution on the device").
 - *When did my loss go bad?* ``first_nonfinite`` and ``steps_to_overflow``.
 - *Will my DataLoader's workers fit in /dev/shm?* ``shm_bytes_needed``.
+- *What does a hung collective look like?* ``missing_rank`` makes one, for real, on a CPU.
 
 Everything is a pure function of its arguments: the chapter's quizzes, its answer key and the
 tests call the same code. GB = 10^9 bytes, GiB = 2^30 bytes throughout.
@@ -363,6 +364,43 @@ def kernel_image_available(arch_list: list[str], capability: tuple[int, int]) ->
         return False, "this torch has no CUDA kernels at all (a CPU-only build)"
     return False, (f"no kernels for {want}: this torch was built for {' '.join(arch_list)}; "
                    "install a torch build that lists your GPU's architecture")
+
+
+# ----------------------------------------------------------------------------- a hung collective
+
+
+def missing_rank(timeout_seconds: float = 1.0) -> tuple[float, str]:
+    """A collective that one rank never joins, made for real on a CPU: two gloo ranks of one
+    group (two threads of this process, on 127.0.0.1), rank 0 calls ``all_reduce``, rank 1 never
+    does. Rank 0 waits for the group's timeout and raises. Returns (seconds it waited, the error
+    text). With NCCL on GPUs the same wait ends at ``init_process_group(timeout=...)`` (10 min by
+    default for NCCL), when the watchdog aborts the job (TORCH_NCCL_ASYNC_ERROR_HANDLING)."""
+    import datetime
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    gloo, store, groups = dist.ProcessGroupGloo, dist.HashStore(), {}
+
+    def join(rank: int) -> None:           # both ranks must connect before any collective
+        options = gloo._Options()
+        options._devices = [gloo.create_device(hostname="127.0.0.1")]
+        options._timeout = datetime.timedelta(seconds=timeout_seconds)
+        groups[rank] = gloo(store, rank, 2, options)
+
+    ranks = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for thread in ranks:
+        thread.start()
+    for thread in ranks:
+        thread.join()
+    start = time.perf_counter()
+    try:
+        groups[0].allreduce([torch.ones(4)]).wait()      # rank 1 never arrives
+    except RuntimeError as error:
+        return time.perf_counter() - start, str(error)
+    raise AssertionError("the all_reduce finished without its second rank")
 
 
 # ----------------------------------------------------------------------------- NaN, /dev/shm

@@ -350,10 +350,12 @@ def plot(trace: Trace, names: tuple[str, ...] | None = None, title: str = ""):
         for phase, start, end in trace.phases:
             ax.axvspan(start, end, alpha=0.18, lw=0,
                        color=colours[phase_names.index(phase) % len(colours)])
-    for i, phase in enumerate(phase_names):     # one label per phase, on the top panel
-        first = next(s for p, s, _ in trace.phases if p == phase)
-        axes[0, 0].annotate(phase, (first, 1.02), xycoords=("data", "axes fraction"), fontsize=8,
-                            color=colours[i % len(colours)])
+    if phase_names:                             # one legend entry per phase, beside the panels
+        from matplotlib.patches import Patch
+        axes[0, 0].legend(handles=[Patch(color=colours[i % len(colours)], alpha=0.3, label=phase)
+                                   for i, phase in enumerate(phase_names)],
+                          loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="phase",
+                          title_fontsize=8)
     axes[-1, 0].set_xlabel("seconds since the monitor started")
     fig.suptitle(title or f"Monitored: {trace.source}", fontsize=10)
     fig.tight_layout()

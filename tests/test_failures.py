@@ -118,3 +118,8 @@ def test_nan_steps_and_fp16_overflow():
 
 def test_shm_needed():
     assert failures.shm_bytes_needed(8, 2, 256 * 3 * 224 * 224 * 4) == 2_466_250_752
+
+
+def test_a_missing_rank_times_out_after_the_groups_timeout():
+    waited, message = failures.missing_rank(timeout_seconds=0.3)
+    assert 0.25 < waited < 3 and "Timed out" in message
