@@ -62,4 +62,8 @@ c.SandboxedKernelManager.process_limit = 1024           # processes and threads 
 c.SandboxedKernelManager.disk_limit = 2**30             # bytes written, per folder and per file
 c.SandboxedKernelManager.cpu_limit = 3600               # CPU seconds, all processes together
 c.GradeRecordedAnswers.keys_dir = os.path.join(here, "keys")
+# Per-student numbers in graded assignments (README, "Per-student numbers"): a seed of your own,
+# e.g. "fall-2026-k7x2", turns them on for `make release GRADED=1` and `make autograde` alike.
+# Keep it for the whole course: grading draws each student's numbers from it again.
+c.GradeRecordedAnswers.course_seed = ""
 c.ExecuteSandboxed.notebook_timeout = 900

@@ -6,17 +6,23 @@
 The self-study release gets, beside each chapter's notebook, `selfcheck.dat`: the chapter's
 answer key encoded (gpulab.checks.encode_selfcheck), so that its test cells give an immediate
 verdict. A graded release has no such file: its test cells only record the answer, and the
-verdict comes from `make autograde` with the instructor's key.
+verdict comes from `make autograde` with the instructor's key. With a course seed set
+(`c.GradeRecordedAnswers.course_seed` in nbgrader_config.py), a graded release gives each student
+numbers of their own: its question cells become `question("<id>")` cells, with `variants.json`
+beside the notebook (gpulab.variants). The self-study release never has variants.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from gpulab.checks import SELFCHECK_FILE, encode_selfcheck, load_key_module
+from gpulab.checks import SELFCHECK_FILE, encode_selfcheck, import_key, load_key_module
+from gpulab.variants import add_question_cells
 
 AUTOGRADER = Path(__file__).resolve().parent
 ROOT = AUTOGRADER.parent
@@ -43,6 +49,22 @@ def nbgrader(*args: str) -> None:
         raise subprocess.CalledProcessError(process.returncode, process.args)
 
 
+def course_seed() -> str:
+    """The course seed set in nbgrader_config.py, a plain string (empty: no per-student numbers).
+    Read as text: loading the config would import all of nbgrader for one line."""
+    text = (AUTOGRADER / "nbgrader_config.py").read_text()
+    settings = re.findall(r"^c\.GradeRecordedAnswers\.course_seed\s*=(.*)$", text, re.M)
+    if not settings:
+        return ""
+    setting = settings[-1]                                   # the last one wins, as in Python
+    for value in (setting, setting.split("#")[0]):          # with or without a comment after it
+        try:
+            return str(ast.literal_eval(value.strip()))
+        except (ValueError, SyntaxError):
+            pass
+    raise SystemExit(f"nbgrader_config.py: course_seed must be a plain string, not {setting.strip()}")
+
+
 def release(chapter: str, release_dir: str, self_checks: bool) -> Path:
     """Generate one chapter's release into ROOT/release_dir/chapter; return that folder."""
     nbgrader("generate_assignment", chapter, "--force", "--create",
@@ -51,6 +73,8 @@ def release(chapter: str, release_dir: str, self_checks: bool) -> Path:
     key_file = KEYS / f"{chapter}.py"
     if self_checks:
         (out / SELFCHECK_FILE).write_text(encode_selfcheck(load_key_module(key_file)))
+    else:
+        add_question_cells(out / f"{chapter}.ipynb", import_key(key_file), course_seed(), chapter)
     return out
 
 

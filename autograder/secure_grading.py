@@ -22,7 +22,9 @@ object that equals everything, or read the answer key from disk. Here the roles 
    grading process, and rewrites each test cell's output to the verdict: a diagnostic error
    (zero) or a pass. It also caps every output's size.
 
-What this cannot stop: a learner who knows the right number can type it.
+What this cannot stop: a learner who knows the right number can type it. With a course seed
+(``GradeRecordedAnswers.course_seed``) each student's quizzes have numbers of their own
+(gpulab.variants), so a classmate's number, or the solutions', is not the right one.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Float, Integer, Unicode
 
 import gpulab
-from gpulab.checks import RECORD_MIME, Item, WrongAnswer, judge, load_key_module
+from gpulab import variants
+from gpulab.checks import RECORD_MIME, Item, WrongAnswer, import_key, items_by_id, judge
 
 INTEGRITY_LOG = "integrity.jsonl"  # one line per finding, beside the gradebook
 PROGRESS_LOG = "progress.jsonl"    # one line per notebook graded, beside the gradebook
@@ -531,16 +534,25 @@ class GradeRecordedAnswers(NbGraderPreprocessor):
     """Judge each test cell's recorded answer against the instructor's key; cap outputs."""
 
     keys_dir = Unicode(help="Folder of the instructor's answer keys (NN_topic.py).").tag(config=True)
+    course_seed = Unicode("", help="Per-student numbers (gpulab.variants): the course's seed; "
+                          "empty, everyone has the chapter's own numbers.").tag(config=True)
     max_output_chars = Integer(100_000, help="Largest output kept, in characters.").tag(config=True)
 
     def preprocess(self, nb, resources):
         assignment = resources["nbgrader"]["assignment"]
         key_file = next(Path(self.keys_dir).glob(f"{assignment[:2]}_*.py"), None)
-        key = load_key_module(key_file) if key_file else {}
+        # Each student is judged against the key for their own numbers (drawn from the id of
+        # their submission folder, never from the notebook), and sees their own quiz texts.
+        student = resources["nbgrader"].get("student") or ""
+        items, questions = (variants.student_key(import_key(key_file), self.course_seed, student,
+                                                 key_file.stem) if key_file else ([], {}))
+        key = items_by_id(items, key_file)
         stopped = resources.get("gpulab", {}).get("stopped")
         for cell in nb.cells:
             if cell.cell_type == "code":
                 cell.outputs = [self._capped(o) for o in cell.outputs]
+                if (shown := variants.question_of(cell)) in questions:
+                    cell.outputs = [variants.question_output(questions[shown])]
         for cell in nb.cells:
             meta = cell.metadata.get("nbgrader", {})
             if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):

@@ -96,15 +96,25 @@ def chapter_of(item_id: str) -> str:
 # Finding and reading keys
 
 
-def load_key_module(path: Path) -> dict[str, Item]:
-    """Import an instructor key file (a Python module with a list ``ITEMS``)."""
+def import_key(path: Path):
+    """Import an instructor key file as a module (its list ``ITEMS``; for a chapter with
+    per-student numbers also ``PARAMS``, ``QUESTIONS`` and ``items(values)``: gpulab.variants)."""
     spec = importlib.util.spec_from_file_location(f"gpulab_key_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    items = {item.id: item for item in module.ITEMS}
-    if len(items) != len(module.ITEMS):
+    return module
+
+
+def items_by_id(items, path: Path) -> dict[str, Item]:
+    found = {item.id: item for item in items}
+    if len(found) != len(items):
         raise ValueError(f"{path}: duplicate item ids")
-    return items
+    return found
+
+
+def load_key_module(path: Path) -> dict[str, Item]:
+    """Import an instructor key file (a Python module with a list ``ITEMS``)."""
+    return items_by_id(import_key(path).ITEMS, path)
 
 
 def _key_file_in(folder: Path, chapter: str) -> Path | None:
