@@ -19,10 +19,11 @@ value when sampling started, which on a machine running nothing else is the same
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
+
+from gpulab.sampler import BackgroundSampler
 
 
 def process_tree(root: int) -> set[int]:
@@ -153,7 +154,7 @@ class Footprint:
                 f"{self.samples} samples)")
 
 
-class FootprintSampler:
+class FootprintSampler(BackgroundSampler):
     """Sample a process tree's GPU memory every ``interval`` seconds in a background thread.
 
         with FootprintSampler(kernel_pid, include_root=True) as sampler:
@@ -166,43 +167,31 @@ class FootprintSampler:
     ``tree``: a function root -> set of pids (``process_tree``), replaceable in tests.
     """
 
+    thread_name = "gpu-footprint"
+
     def __init__(self, root: int | None = None, include_root: bool = False,
                  interval: float = 0.1, nvml=None, tree: Callable[[int], set[int]] = process_tree):
         if nvml is None:
             import pynvml as nvml
+        super().__init__(interval)
         self.root = os.getpid() if root is None else root
-        self.include_root, self.interval, self.nvml, self.tree = include_root, interval, nvml, tree
+        self.include_root, self.nvml, self.tree = include_root, nvml, tree
         self.footprint = Footprint()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._start_used = 0
 
-    def start(self) -> "FootprintSampler":
-        self.nvml.nvmlInit()
+    def _open(self) -> bool:
+        self.nvml.nvmlInit()            # raises without a driver: the caller decides what then
         self._start_used = device_used_bytes(self.nvml)
         self.sample()
-        self._thread = threading.Thread(target=self._run, name="gpu-footprint", daemon=True)
-        self._thread.start()
-        return self
+        return True
+
+    def _close(self) -> None:
+        self.sample()  # the last moment counts too
+        self.nvml.nvmlShutdown()
 
     def stop(self) -> Footprint:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-            self.sample()  # the last moment counts too
-            self.nvml.nvmlShutdown()
+        super().stop()
         return self.footprint
-
-    def __enter__(self) -> "FootprintSampler":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
 
     def sample(self) -> None:
         """Read NVML once and update the footprint; an error is recorded, never raised (the

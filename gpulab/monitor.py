@@ -32,10 +32,11 @@ reasons, temperatures, ECC), with the same never-raise rule.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from gpulab.sampler import BackgroundSampler
 
 GPU_SERIES = ("util_percent", "memory_used_bytes", "power_watts", "temperature_c",
               "sm_clock_mhz", "clock_events", "energy_mj")
@@ -209,7 +210,7 @@ def read_health(nvml, handle) -> GPUHealth:
 
 # ----------------------------------------------------------------------------- the monitor
 
-class Monitor:
+class Monitor(BackgroundSampler):
     """Sample one GPU (or this process, without a GPU) every ``interval`` seconds::
 
         with monitor.Monitor(interval=0.1) as watch:
@@ -223,12 +224,13 @@ class Monitor:
     into the work: an error is noted in ``trace.note``.
     """
 
+    thread_name = "gpulab-monitor"
+
     def __init__(self, index: int = 0, interval: float = 0.1, nvml=None, gpu: bool = True):
-        self.index, self.interval, self.gpu = index, interval, gpu
+        super().__init__(interval)
+        self.index, self.gpu = index, gpu
         self.trace = Trace()
         self._nvml, self._handle, self._process = nvml, None, None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._t0 = 0.0
 
     # -- choosing what to watch
@@ -265,37 +267,24 @@ class Monitor:
         self.trace.source = "this process's CPU and memory (psutil), not a GPU"
         self.trace.note = why
 
-    # -- lifecycle
+    # -- lifecycle (gpulab.sampler.BackgroundSampler runs the thread)
 
-    def start(self) -> "Monitor":
+    def _open(self) -> bool:
         why_not = self._open_gpu()
         if why_not:
             self._open_process(why_not)
         self._t0 = time.perf_counter()
         self.sample()
-        self._thread = threading.Thread(target=self._run, name="gpulab-monitor", daemon=True)
-        self._thread.start()
-        return self
+        return True
+
+    def _close(self) -> None:
+        self.sample()                              # the end of the run counts too
+        if self._nvml is not None:
+            _ask(self._nvml.nvmlShutdown)
 
     def stop(self) -> Trace:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-            self.sample()                          # the end of the run counts too
-            if self._nvml is not None:
-                _ask(self._nvml.nvmlShutdown)
+        super().stop()
         return self.trace
-
-    def __enter__(self) -> "Monitor":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
 
     def now(self) -> float:
         """Seconds since the monitor started (the trace's clock)."""

@@ -7,8 +7,8 @@ what ``nvidia-smi`` prints as GPU-Util and ``torch.cuda.utilization()`` returns.
 not work: one kernel running on one of an H100's 132 SMs reads 100%. MFU (``gpulab.arith.mfu``)
 counts work: the model's FLOPs per second over the peak. A GPU can read 100% busy at 1% MFU.
 
-``UtilisationSampler`` polls NVML in a background thread (in the style of
-``gpulab.footprint.FootprintSampler``) for utilisation, memory used, power and the SM clock.
+``UtilisationSampler`` polls NVML in a background thread (``gpulab.sampler.BackgroundSampler``,
+as ``gpulab.footprint.FootprintSampler`` does) for utilisation, memory used, power and the SM clock.
 Without a GPU it samples nothing and says so. ``cpu_busy`` is the CPU analogue: the share of
 wall-clock time this process kept a core busy (process CPU time / wall time), which, like GPU
 utilisation, says nothing about how much arithmetic those cores did.
@@ -17,9 +17,10 @@ utilisation, says nothing about how much arithmetic those cores did.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from dataclasses import dataclass, field
+
+from gpulab.sampler import BackgroundSampler
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Utilisation:
                 f"{statistics.median(self.sm_clock_mhz):.0f} MHz ({self.samples} samples)")
 
 
-class UtilisationSampler:
+class UtilisationSampler(BackgroundSampler):
     """Sample one GPU's NVML counters every ``interval`` seconds while a block runs::
 
         with UtilisationSampler() as sampler:
@@ -69,15 +70,16 @@ class UtilisationSampler:
     past sample period (up to 1 s), which at the start includes the time before the work.
     """
 
+    thread_name = "gpu-utilisation"
+
     def __init__(self, index: int = 0, interval: float = 0.1, nvml=None, skip: int = 0):
-        self.index, self.interval, self.skip = index, interval, skip
+        super().__init__(interval)
+        self.index, self.skip = index, skip
         self.result = Utilisation()
         self._nvml, self._handle = nvml, None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._seen = 0
 
-    def start(self) -> "UtilisationSampler":
+    def _open(self) -> bool:
         try:
             if self._nvml is None:
                 import pynvml
@@ -86,7 +88,7 @@ class UtilisationSampler:
         except Exception as error:  # noqa: BLE001 (no library, no driver: NVMLError_*)
             self.result.note = f"no NVIDIA GPU to sample (NVML: {type(error).__name__}: {error})"
             self._nvml = None
-            return self
+            return False
         try:
             if self._nvml.nvmlDeviceGetCount() <= self.index:
                 raise IndexError(f"NVML sees no GPU {self.index}")
@@ -95,28 +97,15 @@ class UtilisationSampler:
             self.result.note = f"no NVIDIA GPU to sample ({type(error).__name__}: {error})"
             self._nvml.nvmlShutdown()
             self._nvml = None
-            return self
-        self._thread = threading.Thread(target=self._run, name="gpu-utilisation", daemon=True)
-        self._thread.start()
-        return self
+            return False
+        return True
+
+    def _close(self) -> None:
+        self._nvml.nvmlShutdown()
 
     def stop(self) -> Utilisation:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-            self._nvml.nvmlShutdown()
+        super().stop()
         return self.result
-
-    def __enter__(self) -> "UtilisationSampler":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
 
     def sample(self) -> None:
         """Read NVML once; an error is noted, never raised (the work must not die of it)."""
