@@ -21,3 +21,10 @@ package itself stays cheap.
 """
 
 __version__ = "0.1.0"
+
+import os as _os
+
+if _os.environ.get("GPULAB_GPU_MEMORY_FRACTION"):  # a workshop's per-learner GPU memory cap
+    from gpulab.gpu_share import cap_from_environment as _cap
+
+    _cap()
