@@ -371,3 +371,21 @@ def test_chapter_07_against_worked_figures():
     # NVML: time any kernel runs (100%); MFU: 2·64³ · 2e5 / 989.4e12 ≈ 1.06e-4.
     assert value["07-util-percent"] == 100 and value["07-tiny-mfu"] == pytest.approx(1.0598e-4, rel=1e-3)
     assert value["07-compile-break-even"] == pytest.approx(600)
+
+
+def test_chapter_08_against_worked_figures():
+    value = {item_id: item.value for item_id, item in key("08_monitoring").items()}
+    # (81559 - 3210) MiB = 76.51 GiB, minus 64e9 B = 59.60 GiB; 650 W x 0.42 s; 16,384 tokens per 273 J.
+    assert value["08-headroom-gib"] == pytest.approx(16.908, abs=1e-3)
+    assert value["08-energy-step-j"] == pytest.approx(273)
+    assert value["08-tokens-per-kwh"] == pytest.approx(2.1605e8, rel=1e-4)
+    # nvml.h: SwPowerCap 0x4, HwThermalSlowdown 0x40, SwThermalSlowdown 0x20.
+    assert (value["08-clock-mask"], value["08-clock-cause"]) == (68, "both")
+    assert value["08-oom-outside-gib"] == pytest.approx(1.08)      # 79.19 - 1.06 - 74.10 - 2.95
+    assert value["08-oom-fix"] == "expandable_segments"            # 14.85 GiB cached >= 3 GiB asked
+    assert value["08-shm-gb"] == pytest.approx(2.46625, rel=1e-5)  # 16 batches of 154.1 MB
+    assert value["08-first-inf-step"] == 14                        # 2.25^13 = 37,877 < 65,504 < 85,223
+    # Llama 3: 16,384 GPUs x 54 days x 24 h / 419 = 50,677 h per GPU; / 2048 GPUs = 24.74 h.
+    assert value["08-job-mtbf-h"] == pytest.approx(24.745, rel=1e-4)
+    assert value["08-young-interval-min"] == pytest.approx(92.95, rel=1e-4)   # sqrt(2 x 3 x 1440)
+    assert value["08-max-interval-min"] == pytest.approx(28.8)                # 2 x 1% x 1440 min

@@ -12,29 +12,27 @@ from gpulab.checks import Item, Mistake
 GiB, MiB = 2**30, 2**20
 
 # The numbers stated in the questions (solutions/08_monitoring, "Quiz" sections).
-POWER_CAP_BIT, HW_THERMAL_BIT = 0x4, 0x40                     # Quiz 1: nvml.h's bits
+SMI_TOTAL_MIB, SMI_USED_MIB = 81559, 3210                     # Quiz 1: nvidia-smi's MiB
+NEED_GB = 40 + 24                                             # Quiz 1: decimal GB, chapter 02
+POWER_W, STEP_S, CAP_W = 650.0, 0.42, 700.0                   # Quiz 2
+TOKENS_PER_STEP = 8 * 2048                                    # Quiz 3
+POWER_CAP_BIT, HW_THERMAL_BIT = 0x4, 0x40                     # Quiz 4: nvml.h's bits
 SW_THERMAL_BIT = 0x20
-READ_MASK = 0x24                                              # Quiz 2
-SMI_TOTAL_MIB, SMI_USED_MIB = 81559, 3210                     # Quiz 3: nvidia-smi's MiB
-NEED_GB = 40 + 24                                             # Quiz 3: decimal GB, chapter 02
-POWER_W, STEP_S, CAP_W = 650.0, 0.42, 700.0                   # Quiz 4
-TOKENS_PER_STEP = 8 * 2048                                    # Quiz 5
+READ_MASK = 0x24                                              # Quiz 5
 OOM_TOTAL, OOM_FREE, OOM_ALLOC, OOM_UNALLOC = 79.19, 1.06, 74.10, 2.95   # Quiz 6, GiB
-FRAG_REQUEST, FRAG_TOTAL, FRAG_FREE, FRAG_ALLOC, FRAG_UNALLOC = 3.00, 79.19, 0.90, 61.20, 14.85
+FRAG_REQUEST, FRAG_TOTAL, FRAG_FREE, FRAG_ALLOC, FRAG_UNALLOC = 3.00, 79.19, 0.90, 61.20, 14.85  # Quiz 7
 BATCH_BYTES = 256 * 3 * 224 * 224 * 4                         # Quiz 10: fp32 images
 WORKERS, PREFETCH = 8, 2
-INTERRUPTIONS, DAYS, GPUS_SEEN = 419, 54, 16_384              # Quiz 11: Llama 3 paper
+LOSS0, GROWTH = 1.0, 2.25                                     # Quiz 11
+INTERRUPTIONS, DAYS, GPUS_SEEN = 419, 54, 16_384              # Quiz 12: Llama 3 paper
 JOB_GPUS = 2048
-CKPT_MIN, MTBF_MIN = 3.0, 24 * 60.0                           # Quizzes 12 and 13
-LOSS0, GROWTH = 1.0, 2.25                                     # Quiz 14
+CKPT_MIN, MTBF_MIN = 3.0, 24 * 60.0                           # Quizzes 13 and 14
 
 energy_j = monitor.energy_per_step(POWER_W, STEP_S)
 headroom_gib = (SMI_TOTAL_MIB - SMI_USED_MIB) / 1024 - NEED_GB * 1e9 / GiB
 oom_outside_gib = OOM_TOTAL - OOM_FREE - OOM_ALLOC - OOM_UNALLOC
 frag_report = failures.OOMReport(*(round(x * GiB) for x in
                                    (FRAG_REQUEST, FRAG_TOTAL, FRAG_FREE, FRAG_ALLOC, FRAG_UNALLOC)))
-oom_report = failures.OOMReport(*(round(x * GiB) for x in
-                                  (4.00, OOM_TOTAL, OOM_FREE, OOM_ALLOC, OOM_UNALLOC)))
 gpu_mtbf_h = GPUS_SEEN * DAYS * 24 / INTERRUPTIONS
 job_mtbf_h = failures.cluster_mtbf(gpu_mtbf_h, JOB_GPUS)
 young_min = failures.young_interval(CKPT_MIN, MTBF_MIN)
@@ -46,21 +44,6 @@ def _names(mask: int) -> str:
 
 
 ITEMS = [
-    Item("08-clock-mask", POWER_CAP_BIT | HW_THERMAL_BIT, "", mistakes=(
-        Mistake(44, "you wrote the hex digits 0x44 as a decimal number: 0x44 = 4·16 + 4 = 68."),
-        Mistake(POWER_CAP_BIT | SW_THERMAL_BIT, "that is SwThermalSlowdown (0x20), the driver's "
-                "own thermal slowdown; the question's is the hardware one, HwThermalSlowdown (0x40)."),
-        Mistake(POWER_CAP_BIT * HW_THERMAL_BIT, "bits combine with OR (here the same as adding), "
-                                                "not by multiplying."),
-        Mistake(HW_THERMAL_BIT, "that is the thermal bit alone; the power cap (0x4) is set too."),
-    )),
-    Item("08-clock-cause", "both", "", choices=("power", "thermal", "both", "idle"), mistakes=(
-        Mistake("power", f"0x24 = 0x20 + 0x4: besides SwPowerCap (0x4) the SwThermalSlowdown bit "
-                         f"(0x20) is set ({_names(READ_MASK)})."),
-        Mistake("thermal", "0x24 = 0x20 + 0x4: besides the thermal bit, SwPowerCap (0x4) is set: "
-                           "the GPU also draws its full power limit."),
-        Mistake("idle", "GpuIdle is bit 0x1, not set in 0x24 (= 0x20 + 0x4)."),
-    )),
     Item("08-headroom-gib", headroom_gib, "GiB", rel_tol=0.01, mistakes=(
         Mistake((SMI_TOTAL_MIB - SMI_USED_MIB) / 1024 - NEED_GB, "you subtracted 64 GB as if it "
                 "were 64 GiB: chapter 02's bytes are decimal (64e9 B = 59.6 GiB), nvidia-smi's MiB "
@@ -84,6 +67,21 @@ ITEMS = [
         Mistake(3.6e6 / energy_j, "that is steps per kWh; each step trains 8 x 2048 tokens."),
         Mistake(TOKENS_PER_STEP * 1e3 / energy_j, "a kWh is 3.6e6 J (1000 W for 3600 s), not "
                                                   "1000 J."),
+    )),
+    Item("08-clock-mask", POWER_CAP_BIT | HW_THERMAL_BIT, "", mistakes=(
+        Mistake(44, "you wrote the hex digits 0x44 as a decimal number: 0x44 = 4·16 + 4 = 68."),
+        Mistake(POWER_CAP_BIT | SW_THERMAL_BIT, "that is SwThermalSlowdown (0x20), the driver's "
+                "own thermal slowdown; the question's is the hardware one, HwThermalSlowdown (0x40)."),
+        Mistake(POWER_CAP_BIT * HW_THERMAL_BIT, "bits combine with OR (here the same as adding), "
+                                                "not by multiplying."),
+        Mistake(HW_THERMAL_BIT, "that is the thermal bit alone; the power cap (0x4) is set too."),
+    )),
+    Item("08-clock-cause", "both", "", choices=("power", "thermal", "both", "idle"), mistakes=(
+        Mistake("power", f"0x24 = 0x20 + 0x4: besides SwPowerCap (0x4) the SwThermalSlowdown bit "
+                         f"(0x20) is set ({_names(READ_MASK)})."),
+        Mistake("thermal", "0x24 = 0x20 + 0x4: besides the thermal bit, SwPowerCap (0x4) is set: "
+                           "the GPU also draws its full power limit."),
+        Mistake("idle", "GpuIdle is bit 0x1, not set in 0x24 (= 0x20 + 0x4)."),
     )),
     Item("08-oom-outside-gib", oom_outside_gib, "GiB", rel_tol=0.02, abs_tol=0.005, mistakes=(
         Mistake(OOM_TOTAL - OOM_FREE - OOM_ALLOC, "you forgot the 2.95 GiB reserved by PyTorch "
@@ -136,6 +134,13 @@ ITEMS = [
                 "are float32: 4 bytes per value, not 1."),
         Mistake(PREFETCH * BATCH_BYTES / 1e9, "all 8 workers fill shared memory at once."),
     )),
+    Item("08-first-inf-step", failures.steps_to_overflow(LOSS0, GROWTH), "step", mistakes=(
+        Mistake(failures.steps_to_overflow(LOSS0, GROWTH) - 1, "at step 13 the loss is "
+                "2.25^13 = 37,877, still below fp16's 65,504: the first inf comes one step later."),
+        Mistake(math.log(65504 / LOSS0) / math.log(GROWTH), "steps are whole numbers: round up "
+                                                             "the log ratio to the next step."),
+        Mistake(16, "that is for a loss that doubles; this one grows 2.25x per step."),
+    )),
     Item("08-job-mtbf-h", job_mtbf_h, "h", rel_tol=0.01, mistakes=(
         Mistake(DAYS * 24 / INTERRUPTIONS, "that is the MTBF of the 16,384-GPU job; your job "
                 "has 2,048 GPUs, 8 times fewer to fail: 8 times longer between failures."),
@@ -157,12 +162,5 @@ ITEMS = [
         Mistake(0.01 * MTBF_MIN / 2, "the loss is τ/(2M) ≤ 0.01, so τ = 0.02·M (multiply by 2, "
                                      "do not divide)."),
         Mistake(0.02 * 24, "that is in hours; give minutes."),
-    )),
-    Item("08-first-inf-step", failures.steps_to_overflow(LOSS0, GROWTH), "step", mistakes=(
-        Mistake(failures.steps_to_overflow(LOSS0, GROWTH) - 1, "at step 13 the loss is "
-                "2.25^13 = 37,877, still below fp16's 65,504: the first inf comes one step later."),
-        Mistake(math.log(65504 / LOSS0) / math.log(GROWTH), "steps are whole numbers: round up "
-                                                             "the log ratio to the next step."),
-        Mistake(16, "that is for a loss that doubles; this one grows 2.25x per step."),
     )),
 ]
