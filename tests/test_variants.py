@@ -82,7 +82,8 @@ def _valid(item):
     if item.choices:
         assert item.value in item.choices
     else:
-        assert math.isfinite(item.value) and item.value != 0, item
+        assert math.isfinite(item.value), item
+        assert item.value != 0 or item.rel_tol <= 1e-9 or item.abs_tol, f"{item.id}: 0 with a relative tolerance"
     judge(item, item.value)
     for mistake in item.mistakes:
         with pytest.raises(WrongAnswer) as info:
@@ -120,18 +121,22 @@ def test_students_get_different_numbers_and_a_classmates_answers_fail(chapter, k
             assert len(distinct) == 1, f"{item_id} is declared fixed but varies"
         else:
             assert len(distinct) >= 3, f"{item_id} takes only {len(distinct)} values"
+    # A classmate's right answer, handed in as one's own: right only where the draws coincide
+    # (about 1 in 3 at worst, for an item with three published values; rarely over a chapter).
     copied = passed = 0
-    for mine, classmate in zip(keys, keys[1:]):
-        for item_id, item in mine.items():
-            if item_id in module.FIXED:
-                continue
-            copied += 1
+    for item_id in keys[0]:
+        if item_id in module.FIXED:
+            continue
+        right = 0
+        for mine, classmate in zip(keys, keys[1:]):
             try:
-                judge(item, classmate[item_id].value)
-                passed += 1
+                judge(mine[item_id], classmate[item_id].value)
+                right += 1
             except WrongAnswer:
                 pass
-    assert passed / copied < 0.15, f"a classmate's answer passes {passed} of {copied} times"
+        assert right / (len(keys) - 1) < 0.4, f"{item_id}: a classmate's answer passes {right} times"
+        copied, passed = copied + len(keys) - 1, passed + right
+    assert passed / copied < 0.2, f"a classmate's answer passes {passed} of {copied} times"
 
 
 def test_question_cell_shows_the_students_numbers(tmp_path, monkeypatch, capsys):
