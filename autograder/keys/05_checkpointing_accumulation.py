@@ -9,81 +9,152 @@ from gpulab import arith
 from gpulab.arith import MiB
 from gpulab.checks import Item, Mistake
 from gpulab.models import GPTConfig
+from gpulab.variants import Param, canonical
 
 # The numbers stated in the questions (solutions/05_checkpointing_accumulation, "Quiz" sections).
-L, S, B, H, A = 32, 2048, 1, 4096, 32                  # quiz 1: a 32-layer 16-bit model
-N, D = 7e9, 1e9                                        # quizzes 2-3
-BLOCKS = 36                                            # quiz 4 (quiz 5 reuses quiz 1's model)
+# Those in PARAMS are canonical values: a graded release with a course seed draws others for each
+# student (gpulab.variants). The rest are the same for everyone (FIXED says why).
+H, A = 4096, 32                                        # quiz 1: a 16-bit model's width and heads
 COURSE_GPT = GPTConfig(vocab_size=1000, block_size=128, n_layer=4, n_head=4, n_embd=256)
-BUDGET, SEQ, TARGET = 140 * MiB, 128, 64               # quiz 9: fp32 AdamW, accumulating, every block
-
-full_layer = arith.activation_bytes_per_layer(S, B, H, A, recompute="full")
-selective_layer = arith.activation_bytes_per_layer(S, B, H, A, recompute="selective")
-stored_layer = arith.activation_bytes_per_layer(S, B, H, A)           # scores stored: 34 + 5as/h
-plain, recomputed = arith.training_flops(N, D), arith.training_flops(N, D, recompute=True)
+BUDGET, SEQ = 140 * MiB, 128                           # quiz 9: fp32 AdamW, accumulating, every block
 
 
-def k2_crossing(block_bytes: float, input_bytes: float = full_layer) -> float:
-    """Depth L at which segments of 2 blocks keep as much as segments of 1 (quiz 5):
-    arith.segment_activation_bytes equal for k = 1 and 2, L·S + A = (L/2)·S + 2A, so L = 2A/S."""
-    return 2 * block_bytes / input_bytes
+def count(n: float, text: str, name: str = "") -> dict:
+    return {"n": n, "text": text, "name": name}
 
 
-def accumulation_for_target(checkpointing) -> int:
-    largest = arith.largest_micro_batch(BUDGET, COURSE_GPT, SEQ, torch.float32, "adamw",
-                                        checkpointing=checkpointing, accumulating=True)
-    micro = max(m for m in range(1, largest + 1) if TARGET % m == 0)
-    return TARGET // micro
+PARAMS = {
+    "layers": Param(32, (24, 32, 40, 48, 60, 80)),                     # quiz 1
+    "seq": Param(2048, (1024, 1536, 2048, 3072, 4096)),                # quizzes 1 and 5
+    "micro_batch": Param(1, (1, 2, 4)),
+    "model": Param(count(7e9, "7 × 10⁹", "7B"), (                       # quizzes 2-3
+        count(1e9, "1 × 10⁹", "1B"), count(3e9, "3 × 10⁹", "3B"), count(7e9, "7 × 10⁹", "7B"),
+        count(13e9, "13 × 10⁹", "13B"), count(70e9, "70 × 10⁹", "70B"))),
+    "tokens": Param(count(1e9, "10⁹"), (count(1e9, "10⁹"), count(2e9, "2 × 10⁹"), count(5e9, "5 × 10⁹"))),
+    "blocks": Param(36, (16, 36, 64, 100, 144)),                       # quiz 4: √L whole, L/2 even
+    "global_micro": Param(4, (2, 4, 8)),                               # quiz 6
+    "global_accum": Param(8, (2, 4, 6, 8)),                            # never a GPU count below
+    "global_gpus": Param(16, (16, 24, 32, 64)),
+    "target_batch": Param(1024, (512, 1024, 2048, 4096)),              # quiz 7: 2 steps or more
+    "target_gpus": Param(8, (4, 8, 16)),
+    "target_micro": Param(8, (4, 8, 16)),
+    # quiz 9: with the micro-batches that fit (25 checkpointed, 7 not), 2-8 steps, all different
+    "one_gpu_batch": Param(64, (48, 60, 64, 120, 128, 150)),
+}
+QUESTIONS = {
+    "ch05-md-04": "### Quiz 1: what full recomputation keeps\n\nA {layers}-layer model with h = 4096, sequence "
+                  "s = {seq}, micro-batch b = {micro_batch}, 16-bit activations, uses\nfull recomputation "
+                  "(every layer checkpointed). How many **MiB** of layer activations does\nforward keep for "
+                  "backward, in total over the {layers} layers?",
+    "ch05-md-05": "### Quiz 2: what it costs in FLOPs\n\nTraining a {model[name]}-parameter model (N = "
+                  "{model[text]}) on D = {tokens[text]} tokens with full recomputation: how many\ntraining "
+                  "FLOPs, by the rule above?",
+    "ch05-md-07": "### Quiz 4: the best segment size, in Chen et al.'s model\n\nA network has L = {blocks} "
+                  "layers. With segments of k layers, memory ≈ (L/k) + k units (one unit: a\nsegment input "
+                  "or one layer's rebuilt activations, taken as equal, as Chen et al. do). Which **k**\n"
+                  "minimises it?",
+    "ch05-md-k2": "### Quiz 5: when do segments of two blocks win?\n\nTake Quiz 1's model (h = 4096, a = 32 "
+                  "heads, s = {seq}, b = {micro_batch}, 16-bit), but now *without* fused\nattention: each "
+                  "block stores its s × s scores, so it keeps s·b·h·(34 + 5as/h) bytes, and its\ninput is "
+                  "2·s·b·h. With M(k) = (L/k)·S + k·A, at what depth **L** do segments of 2 blocks keep\n"
+                  "exactly as much as segments of 1? (Deeper than that, k = 2 keeps less.)",
+    "ch05-md-12": "### Quiz 6: the global batch\n\nMicro-batch {global_micro}, {global_accum} accumulation "
+                  "steps, {global_gpus} data-parallel GPUs. What is the global batch?",
+    "ch05-md-13": "### Quiz 7: how many accumulation steps?\n\nYou want a global batch of {target_batch} "
+                  "sequences. Each of {target_gpus} GPUs fits a micro-batch of {target_micro}. How many\n"
+                  "accumulation steps?",
+    "ch05-md-20": "### Quiz 9: from the budget to the accumulation steps\n\nUse the largest micro-batch "
+                  "printed above for `checkpointing=True`. You want a global batch of\nexactly "
+                  "{one_gpu_batch} on one GPU, so the micro-batch must divide {one_gpu_batch}: take the "
+                  "largest divisor of {one_gpu_batch} that\nfits. How many accumulation steps does that give?",
+}
+# The same for everyone: Quiz 3's answer (2/6) holds for every N and D, and with Quiz 8's it is the
+# prediction an experiment measures (the recomputation's step time; 4 micro-batches' gradients).
+FIXED = {
+    "05-recompute-overhead": "2/6 whatever N and D; the step-time experiment measures it",
+    "05-loss-factor": "the 4 micro-batches whose gradients the experiment accumulates",
+}
 
 
-ITEMS = [
-    Item("05-full-recompute-mib", L * full_layer / MiB, "MiB", rel_tol=0.005, mistakes=(
-        Mistake(full_layer / MiB, "that is one layer; the model has 32."),
-        Mistake(L * S * B * H / MiB, "that counts values; each 16-bit value is 2 bytes."),
-        Mistake(L * selective_layer / MiB, "that is selective recomputation (34·s·b·h per layer); "
-                                           "full recomputation keeps only each layer's input, 2·s·b·h."),
-    )),
-    Item("05-recompute-flops", recomputed, "FLOPs", rel_tol=0.01, mistakes=(
-        Mistake(plain, "that is 6·N·D, without recomputation; the recomputed forward adds 2·N·D."),
-        Mistake(plain + 6 * N * D, "recomputation repeats the forward (2·N·D), not the whole step."),
-    )),
-    Item("05-recompute-overhead", recomputed / plain - 1, "", rel_tol=0.01, mistakes=(
-        Mistake(2 / 8, "2/8 is the extra forward's share of the new total; compared with the 6 "
-                       "FLOPs per parameter-token without recomputation it is 2/6."),
-        Mistake(100 * (recomputed / plain - 1), "that is a percentage; give a fraction."),
-        Mistake(recomputed / plain, "that is the ratio (8/6); the increase is the ratio minus 1."),
-    )),
-    Item("05-sqrt-segment", arith.sqrt_segment_size(BLOCKS), "blocks", mistakes=(
-        Mistake(BLOCKS, "one segment of all 36 blocks keeps 1 input but rebuilds 36 blocks at once: "
-                        "37 units."),
-        Mistake(1, "segments of one block keep all 36 inputs: 37 units. Balance the two terms."),
-        Mistake(BLOCKS // 2, "18 gives 2 + 18 = 20 units; the sum is smallest where L/k = k."),
-    )),
-    Item("05-k2-layers", k2_crossing(stored_layer), "layers", rel_tol=0.01, mistakes=(
-        Mistake(k2_crossing(selective_layer), "that leaves out the attention scores' 5as/h "
-                "(80 here): it holds with fused attention, but this model stores the scores."),
-        Mistake(stored_layer / full_layer, "that is A/S, the block-to-input ratio; segments of 2 "
-                "keep L/2 inputs but rebuild 2 blocks: L·S + A = (L/2)·S + 2A gives L = 2A/S."),
-        Mistake(4 * stored_layer / full_layer, "that is where the continuous optimum √(L·S/A) "
-                "reaches 2; whole segments of 2 already beat segments of 1 where the two "
-                "memories are equal: L·S + A = (L/2)·S + 2A."),
-        Mistake(selective_layer / full_layer, "that is A/S without the attention scores; set "
-                "L·S + A = (L/2)·S + 2A with A = s·b·h·(34 + 5as/h)."),
-    )),
-    Item("05-global-batch", arith.global_batch(4, 8, 16), "sequences", mistakes=(
-        Mistake(4 * 8, "multiply by the 16 data-parallel GPUs too: each runs its own micro-batches."),
-        Mistake(4 * 16, "multiply by the 8 accumulation steps too."),
-    )),
-    Item("05-accum-steps", arith.accumulation_steps(1024, 8, 8), "steps", mistakes=(
-        Mistake(1024 // 8, "each accumulation step processes 8 sequences on each of 8 GPUs: "
-                           "divide by both."),
-    )),
-    Item("05-loss-factor", 1 / 4, "", mistakes=(
-        Mistake(4, "divide, do not multiply: each micro-batch's mean loss times 1/k."),
-        Mistake(1, "without scaling, the accumulated gradient is the sum of 4 means: 4x too large."),
-    )),
-    Item("05-accum-for-64", accumulation_for_target(True), "steps", mistakes=(
-        Mistake(accumulation_for_target(False), "that uses the micro-batch that fits without "
-                                                "checkpointing; this question uses checkpointing=True."),
-    )),
-]
+def items(p: dict) -> list[Item]:
+    """The key for the numbers ``p`` (canonical: the chapter's own)."""
+    L, S, B = p["layers"], p["seq"], p["micro_batch"]
+    N, D = p["model"]["n"], p["tokens"]["n"]
+    BLOCKS, TARGET = p["blocks"], p["one_gpu_batch"]
+    micro, accum, gpus = p["global_micro"], p["global_accum"], p["global_gpus"]
+    wanted, wanted_gpus, wanted_micro = p["target_batch"], p["target_gpus"], p["target_micro"]
+
+    full_layer = arith.activation_bytes_per_layer(S, B, H, A, recompute="full")
+    selective_layer = arith.activation_bytes_per_layer(S, B, H, A, recompute="selective")
+    stored_layer = arith.activation_bytes_per_layer(S, B, H, A)           # scores stored: 34 + 5as/h
+    plain, recomputed = arith.training_flops(N, D), arith.training_flops(N, D, recompute=True)
+
+    def k2_crossing(block_bytes: float, input_bytes: float = full_layer) -> float:
+        """Depth L at which segments of 2 blocks keep as much as segments of 1 (quiz 5):
+        arith.segment_activation_bytes equal for k = 1 and 2, L·S + A = (L/2)·S + 2A, so L = 2A/S."""
+        return 2 * block_bytes / input_bytes
+
+    def accumulation_for_target(checkpointing) -> int:
+        largest = arith.largest_micro_batch(BUDGET, COURSE_GPT, SEQ, torch.float32, "adamw",
+                                            checkpointing=checkpointing, accumulating=True)
+        micro = max(m for m in range(1, largest + 1) if TARGET % m == 0)
+        return TARGET // micro
+
+    return [
+        Item("05-full-recompute-mib", L * full_layer / MiB, "MiB", rel_tol=0.005, mistakes=(
+            Mistake(full_layer / MiB, f"that is one layer; the model has {L}."),
+            Mistake(L * S * B * H / MiB, "that counts values; each 16-bit value is 2 bytes."),
+            Mistake(L * selective_layer / MiB, "that is selective recomputation (34·s·b·h per layer); "
+                                               "full recomputation keeps only each layer's input, 2·s·b·h."),
+        )),
+        Item("05-recompute-flops", recomputed, "FLOPs", rel_tol=0.01, mistakes=(
+            Mistake(plain, "that is 6·N·D, without recomputation; the recomputed forward adds 2·N·D."),
+            Mistake(plain + 6 * N * D, "recomputation repeats the forward (2·N·D), not the whole step."),
+        )),
+        Item("05-recompute-overhead", recomputed / plain - 1, "", rel_tol=0.01, mistakes=(
+            Mistake(2 / 8, "2/8 is the extra forward's share of the new total; compared with the 6 "
+                           "FLOPs per parameter-token without recomputation it is 2/6."),
+            Mistake(100 * (recomputed / plain - 1), "that is a percentage; give a fraction."),
+            Mistake(recomputed / plain, "that is the ratio (8/6); the increase is the ratio minus 1."),
+        )),
+        Item("05-sqrt-segment", arith.sqrt_segment_size(BLOCKS), "blocks", mistakes=(
+            Mistake(BLOCKS, f"one segment of all {BLOCKS} blocks keeps 1 input but rebuilds {BLOCKS} "
+                            f"blocks at once: {BLOCKS + 1} units."),
+            Mistake(1, f"segments of one block keep all {BLOCKS} inputs: {BLOCKS + 1} units. Balance "
+                       "the two terms."),
+            Mistake(BLOCKS // 2, f"{BLOCKS // 2} gives 2 + {BLOCKS // 2} = {2 + BLOCKS // 2} units; the "
+                                 "sum is smallest where L/k = k."),
+        )),
+        Item("05-k2-layers", k2_crossing(stored_layer), "layers", rel_tol=0.01, mistakes=(
+            Mistake(k2_crossing(selective_layer), "that leaves out the attention scores' 5as/h "
+                    f"({5 * A * S // H} here): it holds with fused attention, but this model stores "
+                    "the scores."),
+            Mistake(stored_layer / full_layer, "that is A/S, the block-to-input ratio; segments of 2 "
+                    "keep L/2 inputs but rebuild 2 blocks: L·S + A = (L/2)·S + 2A gives L = 2A/S."),
+            Mistake(4 * stored_layer / full_layer, "that is where the continuous optimum √(L·S/A) "
+                    "reaches 2; whole segments of 2 already beat segments of 1 where the two "
+                    "memories are equal: L·S + A = (L/2)·S + 2A."),
+            Mistake(selective_layer / full_layer, "that is A/S without the attention scores; set "
+                    "L·S + A = (L/2)·S + 2A with A = s·b·h·(34 + 5as/h)."),
+        )),
+        Item("05-global-batch", arith.global_batch(micro, accum, gpus), "sequences", mistakes=(
+            Mistake(micro * accum, f"multiply by the {gpus} data-parallel GPUs too: each runs its own "
+                                   "micro-batches."),
+            Mistake(micro * gpus, f"multiply by the {accum} accumulation steps too."),
+        )),
+        Item("05-accum-steps", arith.accumulation_steps(wanted, wanted_micro, wanted_gpus), "steps", mistakes=(
+            Mistake(wanted // wanted_micro, f"each accumulation step processes {wanted_micro} sequences "
+                                            f"on each of {wanted_gpus} GPUs: divide by both."),
+        )),
+        Item("05-loss-factor", 1 / 4, "", mistakes=(
+            Mistake(4, "divide, do not multiply: each micro-batch's mean loss times 1/k."),
+            Mistake(1, "without scaling, the accumulated gradient is the sum of 4 means: 4x too large."),
+        )),
+        Item("05-accum-for-64", accumulation_for_target(True), "steps", mistakes=(
+            Mistake(accumulation_for_target(False), "that uses the micro-batch that fits without "
+                                                    "checkpointing; this question uses checkpointing=True."),
+        )),
+    ]
+
+
+ITEMS = items(canonical(PARAMS))
