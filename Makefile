@@ -14,8 +14,11 @@ GRADED ?=
 
 READY := $(VENV)/.gpulab-ready
 BIN   := $(VENV)/bin
+# JupyterHub's proxy for workshop mode, from npm (workshop/package-lock.json pins it).
+WORKSHOP_PROXY := workshop/node_modules/.bin/configurable-http-proxy
 
-.PHONY: setup lab test release autograde feedback book bench gpu-check doctor clean screenshots
+.PHONY: setup lab test release autograde feedback book bench gpu-check doctor clean screenshots \
+	workshop workshop-check workshop-remove-learners
 
 setup: $(READY)
 
@@ -38,7 +41,7 @@ lab: $(READY)
 # strict checks) in tests/test_book.py.
 # One thread per PyTorch process: two workers each running kernels with a thread per core would
 # oversubscribe the cores, and OpenMP's waiting threads then slow every step several-fold.
-test: $(READY)
+test: $(READY) $(WORKSHOP_PROXY)
 	@scripts/need_system_package.sh bwrap bubblewrap "the grading sandbox"
 	@scripts/need_system_package.sh chromium chromium "the browser tests and make screenshots"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope -p nbval --nbval-lax tests notebooks
@@ -70,6 +73,23 @@ bench: $(READY)
 screenshots: $(READY)
 	@scripts/need_system_package.sh chromium chromium "the browser tests and make screenshots"
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/screenshots.py
+
+# Workshop mode (README, "Running a workshop"): one JupyterHub for a room of learners on this
+# machine, as root. Settings are variables, e.g. make workshop WORKSHOP_LEARNERS=30
+# WORKSHOP_DEVICES=MIG-...,MIG-... (workshop/plan.py lists them all).
+$(WORKSHOP_PROXY): workshop/package-lock.json
+	@scripts/need_system_package.sh npm npm "workshop mode's proxy (configurable-http-proxy)"
+	npm ci --prefix workshop --no-audit --no-fund --loglevel=error
+	@touch $@
+
+workshop: $(READY) $(WORKSHOP_PROXY)
+	$(BIN)/python workshop/run.py
+
+workshop-check: $(READY)
+	$(BIN)/python workshop/check.py
+
+workshop-remove-learners: $(READY)
+	$(BIN)/python workshop/run.py --remove-learners
 
 gpu-check: $(READY)
 	$(BIN)/python scripts/gpu_check.py

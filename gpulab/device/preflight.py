@@ -278,6 +278,8 @@ def render_report(facts: DeviceFacts, findings: list[Finding]) -> str:
         lines.append(f"  {f'torch cuda:{g.index}':<27}{g.name}, sm_{g.capability[0]}{g.capability[1]}, "
                      f"bf16 {'yes' if g.bf16 else 'no'}, "
                      f"{_gib(g.free_bytes)} free of {_gib(g.total_bytes)}")
+    from gpulab.gpu_share import share_lines  # a workshop's per-learner cap (make workshop)
+    lines += share_lines(facts.torch_gpus[0].total_bytes if facts.torch_gpus else None)
     for g in facts.nvml_gpus:
         processes = "unknown" if g.processes is None else len(g.processes)
         lines.append(f"  {f'driver GPU {g.index}':<27}{g.name}, {_gib(g.used_bytes)} used of "

@@ -1,0 +1,119 @@
+"""`make workshop-check`: can this machine carry the planned room? Preflight for the host.
+
+Prints the GPUs and MIG instances the driver lists (through NVML, nvidia-ml-py, never
+nvidia-smi's text), their free memory, the driver and torch, the plan (workshop/plan.py, the
+same variables as `make workshop`), and how many learners fit at the chapters' per-learner
+footprint. That footprint is the largest one a `make gpu-check` report in reports/ measured
+(the driver's count for a chapter's kernel and its children, CUDA context included), or, with
+no report, the course's budget of 4 GiB per learner that every solution notebook is designed to
+stay under. Sizes in GiB (2^30 bytes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+import plan  # noqa: E402
+
+# The NVIDIA MIG User Guide's profiles ("Supported MIG Profiles",
+# https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html): the
+# smallest slice, seven per GPU, already holds a chapter (under 4 GiB) with room to spare.
+MIG_LAYOUTS = {
+    "H200": "7 x 1g.18gb (one to three learners per slice with the cap; 4 x 1g.35gb for more headroom)",
+    "H100": "7 x 1g.10gb on the 80 GB model (one or two learners per slice; 4 x 1g.20gb for more room)",
+    "A100-SXM4-80GB": "7 x 1g.10gb (one or two learners per slice)",
+    "A100": "7 x 1g.5gb on the 40 GB model: one learner per slice, just above a chapter's 4 GiB",
+}
+
+
+def gib(n: float) -> str:
+    return f"{n / plan.GiB:.1f} GiB"
+
+
+def measured_footprint(reports: Path = ROOT / "reports") -> tuple[int, str]:
+    """(bytes, where the figure comes from): the largest chapter footprint of the newest
+    gpu-check report, else the course's 4 GiB budget."""
+    for path in sorted(reports.glob("gpu-check-*.json"), reverse=True):
+        try:
+            chapters = json.loads(path.read_text()).get("chapters", [])
+            peaks = [(c.get("footprint") or {}).get("peak_bytes") for c in chapters]
+            peaks = [p for p in peaks if p]
+        except (OSError, ValueError, AttributeError):
+            continue
+        if peaks:
+            return max(peaks), f"the largest chapter footprint measured in {path.name}"
+    return plan.LEARNER_FOOTPRINT_BYTES, ("the course's budget per learner (every solution "
+                                          "notebook is designed to peak under it; no gpu-check "
+                                          "report measured it on this GPU yet)")
+
+
+def fit_lines(devices: list[plan.Device], chosen: tuple[str, ...], settings: plan.Settings,
+              footprint: int) -> tuple[list[str], int]:
+    """The per-device lines of the report and how many learners fit on the chosen devices."""
+    lines, fits = [], 0
+    per_device = plan.learners_per_device(settings.learners, len(chosen))
+    for d in devices:
+        use = d.uuid in chosen
+        n = plan.learners_that_fit(d.free_bytes, footprint)
+        fits += n if use else 0
+        lines.append(f"  {'*' if use else ' '} {d.uuid}  {d.name}: {gib(d.free_bytes)} free of "
+                     f"{gib(d.total_bytes)}; {n} learner(s) fit")
+        if use and settings.memory_fraction is not None:
+            capped = settings.memory_fraction * d.total_bytes
+            if capped < footprint:
+                lines.append(f"      the cap, {settings.memory_fraction:g} x {gib(d.total_bytes)} = "
+                             f"{gib(capped)}, is below a learner's {gib(footprint)}: chapters may "
+                             "stop with OutOfMemoryError. Plan fewer learners per device.")
+            if n < per_device:
+                lines.append(f"      the plan puts {per_device} learners here; only {n} fit")
+    missing = [u for u in chosen if u not in {d.uuid for d in devices}]
+    lines += [f"  ! {u}: listed in WORKSHOP_DEVICES but not found by the driver" for u in missing]
+    return lines, fits
+
+
+def main() -> int:
+    settings = plan.settings_from_env()
+    devices = plan.nvml_devices()
+    footprint, source = measured_footprint()
+    print("make workshop-check: can this machine carry the room?  Sizes in GiB (2^30 bytes).\n")
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        driver = (f"{pynvml.nvmlSystemGetDriverVersion()}, supports CUDA up to "
+                  f"{pynvml.nvmlSystemGetCudaDriverVersion() / 1000:g}")
+        pynvml.nvmlShutdown()
+    except Exception as error:  # no driver: a CPU machine
+        driver = f"not available ({error})"
+    import torch
+    print(f"  NVIDIA driver (NVML)  {driver}")
+    print(f"  torch                 {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
+    print(f"  CPU                   {os.cpu_count()} cores; {settings.threads} thread(s) per learner")
+    print(f"  learner footprint     {gib(footprint)}: {source}")
+    print(f"  plan                  {settings.learners} learners on {len(settings.devices)} device(s)"
+          + (f", memory cap {settings.memory_fraction:g} of the device each" if settings.devices else ""))
+    print("\n  devices (* = the workshop's, WORKSHOP_DEVICES or all by default):")
+    lines, fits = fit_lines(devices, settings.devices, settings, footprint)
+    print("\n".join(lines) if lines else "    none: the driver lists no GPU; learners run on the CPU")
+    for model, layout in MIG_LAYOUTS.items():
+        if any(model in d.name and d.parent is None for d in devices):
+            print(f"\n  MIG on {model}: {layout} isolates learners in hardware (README, 'Running a workshop').")
+            break
+    if not settings.devices:
+        print(f"\nVerdict: a CPU workshop for {settings.learners} learners; experiments shrink on the CPU.")
+        return 0
+    if fits >= settings.learners:
+        print(f"\nVerdict: READY: {fits} learners fit at {gib(footprint)} each; {settings.learners} planned.")
+        return 0
+    print(f"\nVerdict: TOO FULL: {fits} learners fit at {gib(footprint)} each, {settings.learners} planned. "
+          "Free the GPUs (nvidia-smi shows who holds them), add devices, or plan fewer learners "
+          "(WORKSHOP_LEARNERS).")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The workshop's plan: its settings, which GPU each learner gets, and each learner's share.
+
+Pure functions (no JupyterHub, no torch), so the hub's config, `make workshop-check` and the
+tests compute the same plan. The host sets everything through environment variables, which
+`make workshop VAR=value` passes on:
+
+    WORKSHOP_DEVICES          GPU or MIG UUIDs, comma-separated; "auto" (default): every MIG
+                              instance the driver lists, else every GPU; "none": CPU only
+    WORKSHOP_LEARNERS         how many learners the plan is for (default 30)
+    WORKSHOP_GPU_MEMORY_FRACTION  each learner's cap, a fraction of their device's memory
+                              (default: 0.85 / learners per device, see ``memory_fraction``)
+    WORKSHOP_THREADS          CPU threads per learner (default: cores / learners, at least 1)
+    WORKSHOP_KERNEL_IDLE_S    an idle kernel is shut down after this many seconds (1200)
+    WORKSHOP_SERVER_IDLE_S    an idle learner server is stopped after this many seconds (3600)
+
+GiB = 2^30 bytes throughout.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+GiB = 2**30
+# What one learner needs on the GPU: the course's budget per learner (gpulab.device's
+# LEARNER_BUDGET_BYTES; every solution notebook keeps its peak under it), against which
+# `make gpu-check` measures each chapter's footprint as the driver counts it, CUDA context
+# included. A measured report in reports/ replaces it when there is one (workshop/check.py).
+LEARNER_FOOTPRINT_BYTES = 4 * GiB
+# Share of each device left outside the learners' caps: each process's CUDA context (a few
+# hundred MiB, outside the caching allocator and so outside its cap) and the allocator's rounding.
+CONTEXT_RESERVE = 0.15
+
+
+@dataclass(frozen=True)
+class Settings:
+    devices: tuple[str, ...]     # UUIDs; () = CPU only
+    learners: int
+    memory_fraction: float | None
+    threads: int
+    kernel_idle_s: int
+    server_idle_s: int
+
+
+def learners_per_device(learners: int, devices: int) -> int:
+    """Learners sharing one device when ``learners`` are spread evenly over ``devices``."""
+    return math.ceil(learners / devices) if devices else 0
+
+
+def memory_fraction(learners: int, devices: int) -> float:
+    """Each learner's cap as a fraction of their device: the device shared by its learners
+    after CONTEXT_RESERVE, rounded down to 3 decimals. 30 learners on one H200 (139.8 GiB as
+    the driver reports it, gpulab.hardware): 0.028 each, 3.9 GiB."""
+    share = (1 - CONTEXT_RESERVE) / learners_per_device(learners, devices)
+    return math.floor(share * 1000 + 1e-9) / 1000    # + 1e-9: 0.85 / 5 is 0.16999... in floats
+
+
+def threads_per_learner(learners: int, cores: int) -> int:
+    """CPU threads each learner's PyTorch may use: the cores shared out, at least one. More
+    threads than cores make OpenMP's spinning threads slow every learner down several-fold."""
+    return max(1, cores // max(1, learners))
+
+
+def assign_device(devices: tuple[str, ...], taken: dict[str, str], learner: str) -> str | None:
+    """The device for ``learner``: the one they hold already, else the least-loaded one (the
+    first listed among equals), so learners spread evenly. ``taken``: learner -> device of the
+    servers running or starting now. None on a CPU-only workshop."""
+    if not devices:
+        return None
+    if taken.get(learner) in devices:
+        return taken[learner]
+    load = {d: 0 for d in devices}
+    for device in taken.values():
+        if device in load:
+            load[device] += 1
+    return min(devices, key=lambda d: (load[d], devices.index(d)))
+
+
+def learners_that_fit(free_bytes: int, footprint_bytes: int = LEARNER_FOOTPRINT_BYTES) -> int:
+    """How many learners fit in ``free_bytes`` at ``footprint_bytes`` each."""
+    return max(0, free_bytes // footprint_bytes)
+
+
+def _int(environ, name: str, default: int) -> int:
+    value = environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name}={value!r}: give a whole number, 1 or more")
+    return int(value)
+
+
+def parse_devices(text: str) -> tuple[str, ...] | None:
+    """WORKSHOP_DEVICES as a tuple of UUIDs; None for "auto" (ask the driver)."""
+    text = text.strip()
+    if text in ("", "auto"):
+        return None
+    if text == "none":
+        return ()
+    devices = tuple(d.strip() for d in text.split(",") if d.strip())
+    for d in devices:
+        if not d.upper().startswith(("GPU-", "MIG-")):
+            raise ValueError(f"WORKSHOP_DEVICES: {d!r} is not a GPU or MIG UUID (GPU-... or "
+                             "MIG-...; `make workshop-check` lists them). Indices are not "
+                             "accepted: they change with CUDA_DEVICE_ORDER.")
+    return devices
+
+
+def settings_from_env(environ=os.environ, cores: int | None = None) -> Settings:
+    """The host's settings (module docstring); "auto" devices are asked from the driver."""
+    devices = parse_devices(environ.get("WORKSHOP_DEVICES", "auto"))
+    if devices is None:
+        devices = tuple(d.uuid for d in nvml_devices())
+    learners = _int(environ, "WORKSHOP_LEARNERS", 30)
+    fraction = None
+    if devices:
+        text = environ.get("WORKSHOP_GPU_MEMORY_FRACTION", "").strip()
+        fraction = float(text) if text else memory_fraction(learners, len(devices))
+        if not 0 < fraction <= 1:
+            raise ValueError(f"WORKSHOP_GPU_MEMORY_FRACTION={text!r}: give a number in (0, 1]")
+    cores = cores or os.cpu_count() or 1
+    return Settings(
+        devices=devices, learners=learners, memory_fraction=fraction,
+        threads=_int(environ, "WORKSHOP_THREADS", threads_per_learner(learners, cores)),
+        kernel_idle_s=_int(environ, "WORKSHOP_KERNEL_IDLE_S", 1200),
+        server_idle_s=_int(environ, "WORKSHOP_SERVER_IDLE_S", 3600))
+
+
+def learner_env(settings: Settings, device: str | None) -> dict[str, str]:
+    """The environment a learner's server (and every kernel it starts) gets."""
+    threads = str(settings.threads)
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+           "OPENBLAS_NUM_THREADS": threads}
+    if device is None:
+        env["CUDA_VISIBLE_DEVICES"] = ""          # a CPU-only workshop hides any GPU
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = device
+        env["GPULAB_GPU_MEMORY_FRACTION"] = f"{settings.memory_fraction:g}"
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+# What the driver reports (nvidia-ml-py, never nvidia-smi's text)
+
+
+@dataclass(frozen=True)
+class Device:
+    uuid: str          # what CUDA_VISIBLE_DEVICES takes: GPU-... or MIG-...
+    name: str          # e.g. "NVIDIA H200" or "NVIDIA H200 MIG 1g.18gb"
+    total_bytes: int
+    free_bytes: int
+    parent: str | None = None   # a MIG instance's GPU
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def nvml_devices() -> list[Device]:
+    """Every MIG instance of GPUs in MIG mode, and every other GPU, as NVML lists them; [] when
+    there is no driver or no pynvml."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # no pynvml, no driver: a CPU machine
+        return []
+    devices = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            gpu = pynvml.nvmlDeviceGetHandleByIndex(i)
+            gpu_uuid = _text(pynvml.nvmlDeviceGetUUID(gpu))
+            try:
+                mig_on = pynvml.nvmlDeviceGetMigMode(gpu)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+            except pynvml.NVMLError:  # a GPU without MIG support
+                mig_on = False
+            handles = []
+            if mig_on:
+                for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+                    try:
+                        handles.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j))
+                    except pynvml.NVMLError:  # an empty slot
+                        continue
+            for handle in handles or [gpu]:
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                devices.append(Device(_text(pynvml.nvmlDeviceGetUUID(handle)),
+                                      _text(pynvml.nvmlDeviceGetName(handle)), memory.total,
+                                      memory.free, gpu_uuid if handles else None))
+    finally:
+        pynvml.nvmlShutdown()
+    return devices

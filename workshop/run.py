@@ -1,0 +1,101 @@
+"""`make workshop`: start the course's JupyterHub for a room of learners, and say how to use it.
+
+    python workshop/run.py                   start the hub (Ctrl-C stops it and every server)
+    python workshop/run.py --remove-learners delete every learner account and home folder
+
+Runs as root: it creates a system account for each learner. The settings are environment
+variables (workshop/jupyterhub_config.py, workshop/plan.py). The learners' sign-up code and the
+admin code are generated on first start and kept in the state folder, so a restarted hub keeps
+them; set WORKSHOP_CODE / WORKSHOP_ADMIN_CODE to choose your own.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import string
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import plan  # noqa: E402
+
+PROXY = HERE / "node_modules" / ".bin" / "configurable-http-proxy"
+
+
+def learner_code() -> str:
+    """Easy to read aloud and type: 'gpu-' and 6 letters or digits without look-alikes."""
+    alphabet = "".join(c for c in string.ascii_lowercase + string.digits if c not in "01lo")
+    return "gpu-" + "".join(secrets.choice(alphabet) for _ in range(6))
+
+
+def codes(state: Path) -> dict[str, str]:
+    path = state / "codes.json"
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    chosen = {"learners": os.environ.get("WORKSHOP_CODE") or saved.get("learners") or learner_code(),
+              "admin": os.environ.get("WORKSHOP_ADMIN_CODE") or saved.get("admin")
+              or secrets.token_urlsafe(24)}
+    if len(chosen["learners"]) < 6 or len(chosen["admin"]) < 32:
+        sys.exit("workshop: WORKSHOP_CODE needs 6 characters or more, WORKSHOP_ADMIN_CODE 32 or more.")
+    path.write_text(json.dumps(chosen))
+    path.chmod(0o600)
+    return chosen
+
+
+def main() -> None:
+    if os.geteuid() != 0:
+        sys.exit("workshop: run it as root (sudo make workshop): the hub creates a system account "
+                 "for each learner and starts their server as that account.")
+    if "--remove-learners" in sys.argv[1:]:
+        import accounts
+        removed = accounts.remove_learners(os.environ.get("WORKSHOP_GROUP", accounts.GROUP))
+        print(f"workshop: removed {len(removed)} account(s)" + (f": {', '.join(removed)}" if removed else ""))
+        return
+    if not os.access(PROXY, os.X_OK):
+        sys.exit(f"workshop: the proxy is not installed ({PROXY}); run `make workshop`, which "
+                 "installs it with npm.")
+    state = Path(os.environ.setdefault("WORKSHOP_STATE", str(HERE / "state")))
+    state.mkdir(parents=True, exist_ok=True)
+    state.chmod(0o700)       # the database, cookie secret, codes and password hashes
+    code = codes(state)
+    os.environ["WORKSHOP_CODE"], os.environ["WORKSHOP_ADMIN_CODE"] = code["learners"], code["admin"]
+    try:
+        settings = plan.settings_from_env()
+    except ValueError as error:
+        sys.exit(f"workshop: {error}")
+    port = os.environ.get("WORKSHOP_PORT", "8000")
+    admin = os.environ.get("WORKSHOP_ADMIN", "host")
+    if settings.devices:
+        per = plan.learners_per_device(settings.learners, len(settings.devices))
+        gpus = (f"{len(settings.devices)} device(s), up to {per} learner(s) each, memory cap "
+                f"{settings.memory_fraction:g} of the device per learner")
+    else:
+        gpus = "no GPU: experiments run on the CPU at reduced size"
+    print(f"""
+GPU Training Lab workshop, planned for {settings.learners} learners
+  open       http://{socket.getfqdn()}:{port}/  (this machine's name or address, port {port})
+  learners   sign up with a name, a password of their own, and the workshop code {code['learners']}
+  host       sign in as {admin!r} with the admin code {code['admin']}
+             (Admin page: every learner's server; Services > progress: who answered what)
+  GPUs       {gpus}
+  CPU        {settings.threads} thread(s) per learner; idle kernels stop after \
+{settings.kernel_idle_s} s, idle servers after {settings.server_idle_s} s
+  stop       Ctrl-C here stops the hub and every learner's server; their files stay.
+             After the workshop: sudo make workshop-remove-learners deletes the accounts and
+             their files. (The codes are kept in {state}/codes.json.)
+""", flush=True)
+    os.chdir(state)
+    # Started in the background (nohup ... &), a process inherits SIGINT ignored, and so would the
+    # hub's servers and services: each would then hold the hub's shutdown for its full timeout.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # The hub and its services skip a slow import too (workshop/singleuser/python/rfc3987_syntax.py).
+    os.environ["PYTHONPATH"] = str(HERE / "singleuser" / "python")
+    hub_command = [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(HERE / "jupyterhub_config.py")]
+    os.execv(hub_command[0], hub_command + sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

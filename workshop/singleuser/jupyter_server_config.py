@@ -1,0 +1,12 @@
+# A learner's server in workshop mode (JUPYTER_CONFIG_PATH points here, workshop/jupyterhub_config.py):
+# nbgrader's pages stay out (the quizzes check themselves) and so does the language-server
+# scan: 30 servers start at once, and nbgrader's import alone costs 1-2.5 s of CPU each.
+# Set in traitlets config, which wins over the venv's jupyter_server_config.d files.
+c = get_config()  # noqa: F821
+c.ServerApp.jpserver_extensions = {
+    "nbgrader.server_extensions.formgrader": False,
+    "nbgrader.server_extensions.assignment_list": False,
+    "nbgrader.server_extensions.course_list": False,
+    "nbgrader.server_extensions.validate_assignment": False,
+    "jupyter_lsp": False,   # no language servers are installed; it only scans for them
+}
