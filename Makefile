@@ -9,7 +9,8 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 # Extra arguments for JupyterLab, e.g. LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888".
 LAB_ARGS ?=
-# Graded releases carry no self-checks: make release GRADED=1
+# Graded releases carry no self-checks: make release GRADED=1 (each student's own numbers when
+# autograder/nbgrader_config.py sets a course seed: README, "Per-student numbers").
 GRADED ?=
 
 READY := $(VENV)/.gpulab-ready

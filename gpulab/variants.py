@@ -165,6 +165,10 @@ def question(cell_id: str) -> None:
     if os.environ.get("NBGRADER_EXECUTION") == "autograde":
         _show("*The grader writes this quiz here with the numbers drawn for you.*")
         return
+    if not Path(VARIANTS_FILE).is_file():
+        _show(f"*This quiz's numbers come from `{VARIANTS_FILE}`, which belongs beside this notebook: "
+              "open the notebook from the folder your instructor handed out.*")
+        return
     data = json.loads(Path(VARIANTS_FILE).read_text())
     student = student_id()
     if student is None:

@@ -150,9 +150,13 @@ def test_question_cell_shows_the_students_numbers(tmp_path, monkeypatch, capsys)
     assert shown == list(module.QUESTIONS)       # in the notebook's order, each replaced once
     markdown = "".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
     assert "### Quiz 1:" not in markdown
-    monkeypatch.chdir(tmp_path)
     for name in (variants.STUDENT_ENV, "JUPYTERHUB_USER", "NBGRADER_EXECUTION"):
         monkeypatch.delenv(name, raising=False)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    variants.question("ch03-md-04")               # no variants.json here: says where it belongs
+    assert variants.VARIANTS_FILE in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
     variants.question("ch03-md-04")               # no id, and no way to ask: says how to give it
     assert "set_student" in capsys.readouterr().out
     monkeypatch.setenv("JUPYTERHUB_USER", "ada")
@@ -198,6 +202,33 @@ def _quiz_only(notebook: Path, module) -> None:
     nbformat.write(nb, notebook)
 
 
+# release.py's graded release, then nbgrader's autograde of each student, through nbgrader's
+# Python API in one process: the same code as `make autograde` (grade.py starts the same two
+# nbgrader commands), without paying for nbgrader's and torch's imports once per command.
+GRADE_IN_ONE_PROCESS = """
+import sys
+from nbgrader.apps import NbGraderAPI
+from nbgrader.coursedir import CourseDirectory
+from traitlets.config.loader import PyFileConfigLoader
+import release
+
+chapter, students = sys.argv[1], sys.argv[2:]
+config = PyFileConfigLoader("nbgrader_config.py", path=".").load_config()
+config.CourseDirectory.release_directory = "autograder/graded_release"
+api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+
+def nbgrader(command, assignment, *flags):
+    result = getattr(api, command)(assignment)
+    assert result["success"], result.get("error") or result.get("log")
+
+release.nbgrader = nbgrader
+release.release(chapter, "autograder/graded_release", self_checks=False)
+for student in students:
+    result = api.autograde(chapter, student)
+    assert result["success"], result.get("error") or result.get("log")
+"""
+
+
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory):
     chapter, module = GRADED_CHAPTER, MODULES[GRADED_CHAPTER]
@@ -205,22 +236,20 @@ def graded_class(tmp_path_factory):
     with open(course / "autograder" / "nbgrader_config.py", "a") as config:
         config.write(f'\nc.GradeRecordedAnswers.course_seed = "{SEED}"\n')
     _quiz_only(course / "solutions" / chapter / f"{chapter}.ipynb", module)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-    def run(*args):
-        result = subprocess.run([sys.executable, *args], cwd=course / "autograder", env=env,
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stdout + result.stderr
-    # release.py, then nbgrader's autograde as grade.py starts it (without feedback and CSV,
-    # which variants do not change): two nbgrader runs, not four.
-    run("release.py", "--graded", chapter)
-    released = course / "autograder" / "graded_release" / chapter / f"{chapter}.ipynb"
+    # The submissions: the cut notebook answered with ada's right answers (bob hands in ada's),
+    # with the question cells a graded release has.
+    source = course / "solutions" / chapter / f"{chapter}.ipynb"
     ada_key = {item.id: item for item in student_key(module, SEED, "ada", chapter)[0]}
-    for student in ("ada", "bob"):             # bob hands in ada's answers
+    for student in ("ada", "bob"):
         folder = course / "autograder" / "submitted" / student / chapter
-        shutil.copytree(released.parent, folder)
-        nbformat.write(answers_replaced(released, lambda i: ada_key[i].value), folder / released.name)
-    run("-c", f"import release; release.nbgrader('autograde', '{chapter}', '--create', '--force')")
+        folder.mkdir(parents=True)
+        nbformat.write(answers_replaced(source, lambda i: ada_key[i].value), folder / source.name)
+        variants.add_question_cells(folder / source.name, module, SEED, chapter)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run([sys.executable, "-c", GRADE_IN_ONE_PROCESS, chapter, "ada", "bob"],
+                            cwd=course / "autograder", env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
     return course
 
 
@@ -254,3 +283,50 @@ def test_graded_copy_shows_each_students_numbers(graded_class):
         shown = {variants.question_of(cell): cell.outputs[0]["data"]["text/markdown"]
                  for cell in nb.cells if variants.question_of(cell)}
         assert shown == questions
+
+
+def test_grading_judges_a_record_against_the_students_own_key(tmp_path):
+    """GradeRecordedAnswers alone, without a kernel: with no seed the chapter's key decides (as
+    before variants); with one, the submission folder's student's key, and the question cells
+    get that student's text."""
+    from secure_grading import GradeRecordedAnswers
+    from gpulab.checks import RECORD_MIME
+
+    chapter, module = GRADED_CHAPTER, MODULES[GRADED_CHAPTER]
+    canonical_value = module.ITEMS[0].value
+    ada_value = student_key(module, SEED, "ada", chapter)[0][0].value
+    assert canonical_value != ada_value
+
+    def graded(seed: str, answer: float) -> nbformat.NotebookNode:
+        test = nbformat.v4.new_code_cell(f'check("{module.ITEMS[0].id}", x)')
+        test.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": f"test-{module.ITEMS[0].id}"}
+        record = {RECORD_MIME: {"item": module.ITEMS[0].id, "value": answer}, "text/plain": "recorded"}
+        test.outputs = [nbformat.v4.new_output("display_data", data=record)]
+        shown = nbformat.v4.new_code_cell('from gpulab.variants import question; question("ch03-md-04")')
+        shown.metadata["gpulab"] = {"question": "ch03-md-04"}
+        nb = nbformat.v4.new_notebook(cells=[shown, test])
+        resources = {"nbgrader": {"assignment": chapter, "notebook": chapter, "student": "ada",
+                                  "db_url": f"sqlite:///{tmp_path / 'gradebook.db'}"}}
+        grader = GradeRecordedAnswers(keys_dir=str(ROOT / "autograder" / "keys"), course_seed=seed)
+        return grader.preprocess(nb, resources)[0]
+
+    assert graded("", canonical_value).cells[1].outputs[0]["output_type"] == "stream"      # right
+    assert graded("", ada_value).cells[1].outputs[0]["output_type"] == "error"
+    nb = graded(SEED, ada_value)
+    assert nb.cells[1].outputs[0]["output_type"] == "stream"
+    assert nb.cells[0].outputs[0]["data"]["text/markdown"] == student_key(module, SEED, "ada", chapter)[1]["ch03-md-04"]
+    assert graded(SEED, canonical_value).cells[1].outputs[0]["output_type"] == "error"
+
+
+def test_release_reads_the_course_seed_as_python_would(tmp_path, monkeypatch):
+    import release
+
+    monkeypatch.setattr(release, "AUTOGRADER", tmp_path)
+    config = tmp_path / "nbgrader_config.py"
+    config.write_text('c = get_config()\nc.GradeRecordedAnswers.course_seed = ""\n')
+    assert release.course_seed() == ""
+    config.write_text(config.read_text() + "c.GradeRecordedAnswers.course_seed = 'fall-#2026'  # ours\n")
+    assert release.course_seed() == "fall-#2026"              # the last setting, comment and all
+    config.write_text(config.read_text() + "c.GradeRecordedAnswers.course_seed = os.environ['X']\n")
+    with pytest.raises(SystemExit, match="plain string"):
+        release.course_seed()
