@@ -8,7 +8,9 @@
    with a grades CSV row for every student;
 4. chapter 07's figures (scripts/bench_ch07.py): the step-time model against measured loops,
    DataLoader workers on an I/O-bound dataset, the profiler's idle share, the capstone ladder;
-5. where `make test`'s time goes (scripts/suite_durations.py): a fresh venv's setup time, and
+5. workshop mode (scripts/bench_workshop.py): 30 learners signing up at once, time until all
+   servers are ready, memory per learner server and the hub's own;
+6. where `make test`'s time goes (scripts/suite_durations.py): a fresh venv's setup time, and
    pytest's durations per test file and for the slowest tests (budget: venv + suite <= 10 min).
 """
 from __future__ import annotations
@@ -121,6 +123,8 @@ def main() -> None:
         print(f"  {kind:<18} x{len(got):>2}: scores {sorted(set(got))}")
     print("\nchapter 07, the input pipeline:", flush=True)
     subprocess.run([sys.executable, "scripts/bench_ch07.py"], cwd=ROOT, check=True)
+    print("\nworkshop mode (scripts/bench_workshop.py):", flush=True)
+    subprocess.run([sys.executable, "scripts/bench_workshop.py"], cwd=ROOT, check=True)
     print("\nthe test suite:", flush=True)
     subprocess.run([sys.executable, "scripts/suite_durations.py"], cwd=ROOT, check=True)
 

@@ -14,12 +14,7 @@ import json
 import os
 import pwd
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import requests
-import websocket
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKSHOP = ROOT / "workshop"
@@ -35,6 +29,7 @@ sys.path.insert(0, str(WORKSHOP))
 import accounts  # noqa: E402
 import plan  # noqa: E402
 import progress  # noqa: E402
+from room import Browser, log_excerpt, start_hub, stop_hub  # noqa: E402
 
 from gpulab import gpu_share  # noqa: E402
 from gpulab.checks import load_key_module  # noqa: E402
@@ -58,126 +53,6 @@ def answers(i: int) -> dict[str, str]:
     a = KEY[ITEM_A].value if i % 2 == 0 else KEY[ITEM_A].value * 8
     b = repr(KEY[ITEM_B].value) if i % 3 == 0 else "..."
     return {ITEM_A: repr(a), ITEM_B: b}
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-# --------------------------------------------------------------------------------------------
-# A learner's browser, over HTTP
-
-
-class Browser:
-    def __init__(self, base: str, name: str):
-        self.base, self.name = base, name
-        self.http = requests.Session()
-
-    def sign_in(self, password: str, code: str = "") -> requests.Response:
-        self.http.get(f"{self.base}/hub/login", timeout=30)
-        xsrf = self.http.cookies.get("_xsrf")
-        return self.http.post(f"{self.base}/hub/login", allow_redirects=False, timeout=60,
-                              data={"username": self.name, "password": password, "otp": code,
-                                    "_xsrf": xsrf})
-
-    def use_token(self) -> None:
-        """An API token of the signed-in learner's own (what JupyterLab's pages use, in short)."""
-        xsrf = self.http.cookies.get("_xsrf")
-        reply = self.http.post(f"{self.base}/hub/api/users/{self.name}/tokens", json={},
-                               headers={"X-XSRFToken": xsrf}, timeout=30)
-        reply.raise_for_status()
-        self.token = reply.json()["token"]
-        self.http = requests.Session()
-        self.http.headers["Authorization"] = f"token {self.token}"
-
-    def spawn(self) -> None:
-        reply = self.http.post(f"{self.base}/hub/api/users/{self.name}/server", timeout=120)
-        assert reply.status_code in (201, 202), reply.text
-
-    def wait_ready(self, timeout: float = 150) -> None:
-        """Follow the hub's spawn progress stream (what the spawn page shows) to its end;
-        polling ten servers' status instead would keep the hub busy answering."""
-        url = f"{self.base}/hub/api/users/{self.name}/server/progress"
-        with self.http.get(url, stream=True, timeout=timeout) as events:
-            for line in events.iter_lines():
-                if line.startswith(b"data:"):
-                    event = json.loads(line[5:])
-                    if event.get("ready"):
-                        return
-                    if event.get("failed"):
-                        raise RuntimeError(f"{self.name}'s server failed: {event}")
-        raise RuntimeError(f"{self.name}'s progress stream ended before the server was ready")
-
-    def api(self, method: str, path: str, **kwargs) -> requests.Response:
-        return self.http.request(method, f"{self.base}/user/{self.name}/api/{path}", timeout=60, **kwargs)
-
-    def start_kernel(self, path: str = "") -> str:
-        reply = self.api("POST", "kernels", json={"name": "python3", "path": path})
-        reply.raise_for_status()
-        return reply.json()["id"]
-
-    def execute(self, kernel_id: str, code: str, timeout: float = 60) -> dict:
-        """Run ``code`` in the kernel over its websocket, as JupyterLab does: its stdout and the
-        display messages it sent, or {"died": True} when the kernel dies."""
-        url = f"{self.base.replace('http', 'ws', 1)}/user/{self.name}/api/kernels/{kernel_id}/channels"
-        ws = websocket.create_connection(url, header=[f"Authorization: token {self.token}"],
-                                         timeout=timeout)
-        msg_id = uuid.uuid4().hex
-        ws.send(json.dumps({
-            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": self.name,
-                       "session": uuid.uuid4().hex, "date": "", "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": False,
-                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}))
-        result = {"stdout": "", "displays": [], "died": False}
-        try:
-            while True:
-                msg = json.loads(ws.recv())
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    if msg.get("msg_type") == "status" and msg["content"].get("execution_state") in ("restarting", "dead"):
-                        result["died"] = True
-                        return result
-                    continue
-                kind = msg["msg_type"]
-                if kind == "stream":
-                    result["stdout"] += msg["content"]["text"]
-                elif kind == "display_data":
-                    result["displays"].append(msg["content"])
-                elif kind == "error":
-                    result["error"] = "\n".join(msg["content"]["traceback"])
-                elif kind == "status" and msg["content"]["execution_state"] in ("restarting", "dead"):
-                    result["died"] = True
-                    return result
-                elif kind == "status" and msg["content"]["execution_state"] == "idle":
-                    return result
-        except (websocket.WebSocketConnectionClosedException, ConnectionError):
-            result["died"] = True
-            return result
-        except websocket.WebSocketTimeoutException:
-            result["timed out"] = True
-            return result
-        finally:
-            ws.close()
-
-    def save_verdicts(self, displays: list[dict]) -> None:
-        """Put each check's verdict under its test cell and save the notebook, as JupyterLab
-        does after the learner runs the cell."""
-        path = f"contents/course/{CHAPTER}/{CHAPTER}.ipynb"
-        model = self.api("GET", path).json()
-        for display in displays:
-            item = re.search(r"(01-[a-z0-9-]+)", display["data"]["text/plain"]).group(1)
-            cell = next(c for c in model["content"]["cells"]
-                        if c["cell_type"] == "code" and f'check("{item}"' in "".join(c["source"]))
-            cell["outputs"] = [{"output_type": "display_data", "data": display["data"], "metadata": {}}]
-        reply = self.api("PUT", path, json={"type": "notebook", "format": "json",
-                                            "content": model["content"]})
-        reply.raise_for_status()
 
 
 PROBE = """
@@ -212,23 +87,6 @@ print(json.dumps(seen))
 # The room, played once
 
 
-def stop_hub(room: dict) -> None:
-    """Stop the hub (its servers and services with it) and delete every account and file."""
-    if room.get("stopped"):
-        return
-    room["stopped"] = True
-    hub = room["process"]
-    if hub.poll() is None:
-        os.kill(hub.pid, signal.SIGTERM)
-        try:
-            hub.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(hub.pid, signal.SIGKILL)
-            hub.wait()
-    room["removed"] = accounts.remove_learners(GROUP, log=lambda _: None)
-    shutil.rmtree(room["tmp"], ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def room():
     if os.geteuid() != 0:
@@ -236,23 +94,10 @@ def room():
                     "the tests as root (as a container or CI does), or sudo make test.")
     if not (WORKSHOP / "node_modules" / ".bin" / "configurable-http-proxy").exists():
         pytest.fail("the workshop's proxy is not installed: make test installs it (npm ci --prefix workshop)")
-    tmp = Path(tempfile.mkdtemp(prefix="gpulab-workshop-"))
-    tmp.chmod(0o755)                       # learners must pass through to their homes
-    (tmp / "homes").mkdir(mode=0o755)
-    port, hub_port, api_port, progress_port = free_ports(4)
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "WORKSHOP_STATE": str(tmp / "state"), "WORKSHOP_HOMES": str(tmp / "homes"),
-           "WORKSHOP_GROUP": GROUP, "WORKSHOP_DEVICES": ",".join(DEVICES),
-           "WORKSHOP_LEARNERS": str(N_LEARNERS), "WORKSHOP_KERNEL_IDLE_S": str(KERNEL_IDLE_S),
-           "WORKSHOP_IP": "127.0.0.1", "WORKSHOP_PORT": str(port),
-           "WORKSHOP_HUB_PORT": str(hub_port), "WORKSHOP_PROXY_API_PORT": str(api_port),
-           "WORKSHOP_PROGRESS_PORT": str(progress_port), "WORKSHOP_CODE": "room-code-42",
-           "WORKSHOP_ADMIN_CODE": "admin-" + uuid.uuid4().hex, "WORKSHOP_ADMIN": "wshost"}
-    log = open(tmp / "hub.log", "w")
-    process = subprocess.Popen([sys.executable, str(WORKSHOP / "run.py")], env=env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    room = {"process": process, "tmp": tmp, "base": base, "env": env, "log": tmp / "hub.log",
-            "timings": {}}
+    room = start_hub({"WORKSHOP_GROUP": GROUP, "WORKSHOP_DEVICES": ",".join(DEVICES),
+                      "WORKSHOP_LEARNERS": str(N_LEARNERS), "WORKSHOP_KERNEL_IDLE_S": str(KERNEL_IDLE_S),
+                      "WORKSHOP_CODE": "room-code-42", "WORKSHOP_ADMIN": "wshost"})
+    room["timings"] = {"hub up": room["hub_up_s"]}
     try:
         play(room)
         yield room
@@ -263,17 +108,6 @@ def room():
 def play(room: dict) -> None:
     base, env, timings = room["base"], room["env"], room["timings"]
     start = time.monotonic()
-    deadline = start + 60
-    while True:
-        try:
-            if requests.get(f"{base}/hub/api", timeout=5).ok:
-                break
-        except requests.ConnectionError:
-            pass
-        if room["process"].poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the hub did not start:\n" + room["log"].read_text()[-3000:])
-        time.sleep(0.2)
-    timings["hub up"] = time.monotonic() - start
 
     # Everyone signs up at once, and their servers spawn.
     browsers = [Browser(base, learner(i)) for i in range(N_LEARNERS)]
@@ -290,9 +124,7 @@ def play(room: dict) -> None:
         with ThreadPoolExecutor(N_LEARNERS) as pool:
             list(pool.map(sign_up_and_spawn, browsers))
     except Exception as error:   # say what the hub and the servers said about it
-        lines = [line for line in room["log"].read_text().splitlines()
-                 if re.search(r"\[[EW] |Error|Traceback|wslearner", line)]
-        raise RuntimeError(f"{error}\nhub log (errors, warnings, learners):\n" + "\n".join(lines[-60:])) from error
+        raise RuntimeError(f"{error}\nhub log (errors, warnings, learners):\n{log_excerpt(room)}") from error
     timings["10 sign-ups and spawns"] = time.monotonic() - t
     room["browsers"] = browsers
 
@@ -316,7 +148,7 @@ def play(room: dict) -> None:
                             other_notebook=f"{homes[other]}/course/{CHAPTER}/{CHAPTER}.ipynb")
         result = b.execute(kernel, code)
         assert "error" not in result and not result["died"], (b.name, result)
-        b.save_verdicts(result["displays"])
+        b.save_verdicts(CHAPTER, result["displays"])
         return json.loads(result["stdout"].strip().splitlines()[-1]), kernel
 
     t = time.monotonic()
@@ -343,7 +175,7 @@ def play(room: dict) -> None:
             break
         time.sleep(0.5)
     room["idle_kernel_left"] = room["idle_kernel"] in kernels
-    timings["all"] = time.monotonic() - start
+    timings["all"] = time.monotonic() - start + timings["hub up"]
     print("workshop timings (s):", {k: round(v, 1) for k, v in timings.items()})
 
 
