@@ -81,12 +81,12 @@ QUESTIONS = {
 # The image batch of Quizzes 3, 4, 9 and 10 is the one the chapter's experiments allocate and
 # copy (their predictions); Quizzes 8 and 12 are reasoning whose answer no number changes.
 FIXED = {
-    "01-batch-bytes": "the batch experiment 2 allocates (the prediction it measures)",
+    "01-batch-bytes": "the batch an experiment allocates (the prediction it measures)",
     "01-batch-mib": "the same batch, in MiB",
-    "01-h2d-ms": "the batch and link experiment 5 copies (the prediction it measures)",
-    "01-batches-per-s": "the batch and link experiment 5 copies (the prediction it measures)",
-    "01-late-visible-count": "reasoning about when CUDA reads the variable; experiment 3 checks it",
-    "01-queued-sync-ratio": "reasoning about the queue (2T); experiment 6 measures it",
+    "01-h2d-ms": "the batch and link an experiment copies (the prediction it measures)",
+    "01-batches-per-s": "the batch and link an experiment copies (the prediction it measures)",
+    "01-late-visible-count": "reasoning about when CUDA reads the variable; an experiment checks it",
+    "01-queued-sync-ratio": "reasoning about the queue (2T); an experiment measures it",
 }
 
 

@@ -51,10 +51,10 @@ FIXED = {
     "02-llama7b-mixed-gb": "Llama-2-7B, a published model (Quizzes 1-3 share it)",
     "02-llama7b-fp32-grads-gb": "Llama-2-7B, a published model (Quizzes 1-3 share it)",
     "02-llama7b-bf16-gb": "Llama-2-7B, a published model; the prediction section 10 measures",
-    "02-gpt-params": "the course GPT, which experiments 1 and 4 measure",
-    "02-gpt-state-mib": "the course GPT's state, the prediction experiment 1 measures",
-    "02-first-step-gap-mib": "the course GPT's moments, the prediction experiment 4 measures",
-    "02-largest-batch": "the 145 MiB budget, the prediction experiment 7 measures",
+    "02-gpt-params": "the course GPT, which the experiments measure",
+    "02-gpt-state-mib": "the course GPT's state, the prediction Experiment 1 measures",
+    "02-first-step-gap-mib": "the course GPT's moments, the prediction the experiment after it measures",
+    "02-largest-batch": "the 145 MiB budget, the prediction the experiment after it measures",
 }
 
 
