@@ -24,7 +24,7 @@ import time
 
 from nbgrader.api import Gradebook
 
-from release import AUTOGRADER, nbgrader, release, start_nbgrader
+from release import AUTOGRADER, course_seed, nbgrader, release, start_nbgrader
 from secure_grading import INTEGRITY_LOG, PROGRESS_LOG, sandbox_warnings
 
 SUBMITTED = AUTOGRADER / "submitted"
@@ -114,6 +114,9 @@ def main() -> None:
             print(f"WARNING: {warning}")
         integrity.unlink(missing_ok=True)
         (AUTOGRADER / PROGRESS_LOG).unlink(missing_ok=True)
+        if course_seed():
+            print("per-student numbers: on (the course seed in nbgrader_config.py); each submission "
+                  "is judged against the key for its student's numbers")
     for chapter in chapters:
         if not args.feedback_only:
             # (Re)generating the graded release records the chapter's source cells, hidden tests
