@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import secrets
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
-from jupyterhub.auth import LocalAuthenticator
+from jupyterhub.auth import Authenticator, LocalAuthenticator
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from traitlets import Unicode
@@ -53,13 +52,13 @@ def _matches(password: str, stored: str) -> bool:
     return secrets.compare_digest(_hash(password, salt), stored)
 
 
-class WorkshopAuthenticator(LocalAuthenticator):
-    """Workshop code to sign up, own password afterwards; the admin signs in with the admin code."""
+class WorkshopCodeAuthenticator(Authenticator):
+    """Workshop code to sign up, own password afterwards; the admin signs in with the admin code.
+    Without system accounts: Kubernetes (workshop/k8s/) gives each learner a pod instead."""
 
     workshop_code = Unicode(config=True, help="The code the host gives the room to sign up.")
     admin_code = Unicode(config=True, help="The admin's password.")
     passwords_file = Unicode(config=True, help="Learners' password hashes (JSON, mode 0600).")
-    home_root = Unicode("/home", config=True, help="Learners' home folders go here.")
     group = Unicode(GROUP, config=True, help="Every workshop account is in this group.")
 
     def _passwords(self) -> dict[str, str]:
@@ -103,6 +102,20 @@ class WorkshopAuthenticator(LocalAuthenticator):
         self.log.info("workshop: %s signed up", name)
         return {"name": name, "admin": False}
 
+    def delete_user(self, user):
+        """Deleting a learner in the admin page frees their name (a forgotten password): they
+        sign up again with the workshop code and find their account and files as they left them."""
+        passwords = self._passwords()
+        if passwords.pop(user.name, None) is not None:
+            self._save(passwords)
+        super().delete_user(user)
+
+
+class WorkshopAuthenticator(WorkshopCodeAuthenticator, LocalAuthenticator):
+    """The same sign-up, and a system account per learner (make workshop)."""
+
+    home_root = Unicode("/home", config=True, help="Learners' home folders go here.")
+
     def add_system_user(self, user):
         """A new account in the workshop's group, its home readable by its owner alone."""
         home = Path(self.home_root) / user.name
@@ -113,14 +126,6 @@ class WorkshopAuthenticator(LocalAuthenticator):
                        check=True, capture_output=True)
         home.chmod(0o700)
         self.log.info("workshop: created account %s with home %s", user.name, home)
-
-    def delete_user(self, user):
-        """Deleting a learner in the admin page frees their name (a forgotten password): they
-        sign up again with the workshop code and find their account and files as they left them."""
-        passwords = self._passwords()
-        if passwords.pop(user.name, None) is not None:
-            self._save(passwords)
-        super().delete_user(user)
 
 
 # --------------------------------------------------------------------------------------------
