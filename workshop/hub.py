@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import json
 import secrets
+import socket
 import stat
 import subprocess
 import sys
@@ -155,6 +156,21 @@ def reveal_plan(paths: list[Path]) -> tuple[str, str]:
     return str(folders.pop()), ":".join(str(p) for p in hidden)
 
 
+def server_port(low: int = 20000, high: int = 32000) -> int:
+    """A free port for a learner's server below Linux's ephemeral range (32768 and up), where
+    every kernel picks its five ports: a port that a kernel took between the hub's choice and the
+    server's start would leave the hub waiting for a server that exited at once."""
+    for _ in range(200):
+        port = secrets.randbelow(high - low) + low
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port between {low} and {high}")
+
+
 class WorkshopSpawner(LocalProcessSpawner):
     """A learner's server: their account, their GPU and share of it, their CPU threads."""
 
@@ -164,6 +180,11 @@ class WorkshopSpawner(LocalProcessSpawner):
 
     def make_preexec_fn(self, name):
         return None   # start_learner.sh takes the learner's identity, after its mounts
+
+    async def start(self):
+        if self.port == 0:
+            self.port = server_port()
+        return await super().start()
 
     def get_env(self):
         env = super().get_env()
