@@ -63,6 +63,12 @@ else
 fi
 echo "setup: installing the course and its tools"
 "${pip[@]}" install -e ".[test]"
+# rfc3987-syntax (pulled in by jsonschema[format-nongpl]) builds ~35 Lark parsers when imported,
+# 1-3 s of CPU in every process that imports nbformat or starts a Jupyter server (each nbgrader
+# command, each JupyterLab). jsonschema uses it only for the "iri" formats, which no Jupyter or
+# nbgrader schema uses, and skips them without it (jupyter-server/jupyter_server#1559,
+# python-jsonschema/jsonschema#1428).
+"${pip[@]}" uninstall --yes rfc3987-syntax 2>/dev/null || true
 
 # nbgrader switches its extensions on when installed; say so explicitly at the venv's level so a
 # user-level config that turned them off does not silently win.
