@@ -43,3 +43,19 @@ def answers_replaced(release_nb: Path, answer_for) -> nbformat.NotebookNode:
             if variable in item_of:
                 cell.source = f"{variable} = {answer_for(item_of[variable])!r}"
     return nb
+
+
+def without_experiments(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` with its experiments left out: the cells tagged `experiment` and every other
+    ungraded code cell after the first of them (the plots and summaries that use their results).
+    The setup cells before the first experiment, every markdown cell and every nbgrader cell
+    stay, so the answers and their checks run as in the whole notebook, in a fraction of the time.
+    """
+    kept, in_experiments = [], False
+    for cell in nb.cells:
+        in_experiments = in_experiments or "experiment" in cell.metadata.get("tags", [])
+        ungraded_code = cell.cell_type == "code" and not cell.metadata.get("nbgrader")
+        if not (in_experiments and ungraded_code):
+            kept.append(cell)
+    nb.cells = kept
+    return nb

@@ -3,9 +3,18 @@
 release == committed notebooks/ byte for byte; the solutions score full marks, the untouched
 release zero, and typical wrong answers zero with their diagnostic in the feedback. One test
 class per chapter (generated at the bottom), so that pytest-xdist's loadscope grades chapters on
-different workers. The untouched release is graded end to end for the first chapter (the path
-is the same for all: every answer records "not answered yet"); for every chapter,
-tests/test_notebooks.py checks statically that no other cell sets an answer variable.
+different workers. The untouched release is graded for the first chapter (the path is the same
+for all: every answer records "not answered yet"); for every chapter, tests/test_notebooks.py
+checks statically that no other cell sets an answer variable.
+
+What runs whole in the grading sandbox: the solution of every chapter whose experiments start
+processes or threads (ranks, DataLoader workers, probes in fresh processes, a monitor): those
+meet the sandbox's limits, its private /dev/shm and its network namespace, as a class's
+notebooks do. In the other chapters the solver submits the key's right answers and, like the
+untouched and the typical-mistakes submissions, leaves the experiments out
+(scratch_course.without_experiments): answers are all that grading judges there. Every solution
+also runs whole, with its checks strict, in the book build (tests/test_book.py), and every
+untouched release under nbval or in the browser test.
 """
 import filecmp
 import html
@@ -23,10 +32,18 @@ from gpulab.checks import load_key_module
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "autograder"))
-from scratch_course import answers_replaced, copy_course  # noqa: E402
+from scratch_course import answers_replaced, copy_course, without_experiments  # noqa: E402
 
 CHAPTERS = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
 STUDENTS = ("solver", "blank", "typical")     # "blank" for the first chapter only
+# What in a solution starts another process or a thread.
+STARTS_PROCESSES = re.compile(r"dist\.launch|num_workers|subprocess|Popen|multiprocessing|spawn\(|"
+                              r"visible_gpu_counts|Thread\(|Monitor\(")
+
+
+def runs_whole_in_sandbox(chapter: str) -> bool:
+    solution = nbformat.read(ROOT / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    return any(STARTS_PROCESSES.search(c.source) for c in solution.cells if c.cell_type == "code")
 
 
 def run(course: Path, script: str, *args: str) -> subprocess.CompletedProcess:
@@ -53,12 +70,21 @@ class ChapterRoundTrip:
         for student in cls.students:
             (submitted / student / chapter).mkdir(parents=True)
         notebook = f"{chapter}.ipynb"
-        shutil.copy(ROOT / "solutions" / chapter / notebook, submitted / "solver" / chapter / notebook)
+        if runs_whole_in_sandbox(chapter):
+            shutil.copy(ROOT / "solutions" / chapter / notebook, submitted / "solver" / chapter / notebook)
+        else:
+            right = answers_replaced(ROOT / "notebooks" / chapter / notebook, lambda item_id: items[item_id].value)
+            for cell in right.cells:   # a written answer, for the instructor to grade by hand
+                if cell.cell_type == "markdown" and cell.metadata.get("nbgrader", {}).get("solution"):
+                    cell.source = "The solver's written answer."
+            nbformat.write(without_experiments(right), submitted / "solver" / chapter / notebook)
         if "blank" in cls.students:
             shutil.copytree(ROOT / "notebooks" / chapter, submitted / "blank" / chapter, dirs_exist_ok=True)
+            release = nbformat.read(ROOT / "notebooks" / chapter / notebook, as_version=4)
+            nbformat.write(without_experiments(release), submitted / "blank" / chapter / notebook)
         typical = answers_replaced(ROOT / "notebooks" / chapter / notebook,
                                    lambda item_id: items[item_id].mistakes[0].value)
-        nbformat.write(typical, submitted / "typical" / chapter / notebook)
+        nbformat.write(without_experiments(typical), submitted / "typical" / chapter / notebook)
         return course, run(course, "grade.py").stdout
 
     def scores(self, course: Path, student: str) -> dict[str, tuple[float, float]]:
@@ -111,6 +137,12 @@ class ChapterRoundTrip:
         for student in self.students:
             assert any(f",{student}," in row for row in rows), student
         assert "solver" in stdout and "needs manual grading" in stdout   # the written answer
+
+
+def test_chapters_that_start_processes_run_whole_in_the_sandbox():
+    whole = [chapter for chapter in CHAPTERS if runs_whole_in_sandbox(chapter)]
+    assert {"01_device_basics", "06_data_parallel", "07_input_pipeline"} <= set(whole), whole
+    assert "03_throughput" not in whole
 
 
 def feedback_only_rebuilds_without_regrading(self, graded):
