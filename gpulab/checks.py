@@ -336,16 +336,21 @@ def answer_record(item_id: str, answer) -> dict:
 
 def _record(item_id: str, answer) -> None:
     record = answer_record(item_id, answer)
-    text = f"{item_id}: answer recorded for grading."
+    # In plain Python only the text is printed: nothing records it there.
+    display_bundle({RECORD_MIME: record, "text/plain": f"{item_id}: answer recorded for grading."})
+
+
+def display_bundle(bundle: dict) -> None:
+    """Display a MIME bundle in Jupyter; print its text/plain elsewhere (plain Python, a script)."""
     try:
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:
         get_ipython = None
-    if get_ipython is None or get_ipython() is None:   # plain Python: nothing records it
-        print(text)
+    if get_ipython is None or get_ipython() is None:
+        print(bundle["text/plain"])
         return
-    display({RECORD_MIME: record, "text/plain": text}, raw=True)
+    display(bundle, raw=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,19 +368,11 @@ def show(state: str, message: str) -> None:
     """Display one verdict: as a styled box in Jupyter, as a plain line elsewhere."""
     symbol, colour, background, border = _STYLES[state]
     text = message if message.startswith(symbol) else f"{symbol} {message}"
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-    except ImportError:
-        get_ipython = None
-    if get_ipython is None or get_ipython() is None:
-        print(text)
-        return
     box = (f'<div class="gpulab-check gpulab-check-{state}" style="color:{colour};'
            f"background:{background};border-left:4px solid {border};padding:4px 10px;"
            f'font-family:var(--jp-code-font-family, monospace);white-space:pre-wrap">'
            f"{html.escape(text)}</div>")
-    display({"text/html": box, "text/plain": text}, raw=True)
+    display_bundle({"text/html": box, "text/plain": text})
 
 
 def _strict() -> bool:

@@ -31,6 +31,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulab.checks import display_bundle
+
 VARIANTS_FILE = "variants.json"      # beside a graded notebook: seed, parameters, question texts
 STUDENT_FILE = ".gpulab-student"     # beside it: the id a student typed, asked once
 STUDENT_ENV = "GPULAB_STUDENT"
@@ -181,12 +183,4 @@ def question(cell_id: str) -> None:
 
 
 def _show(text: str) -> None:
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-    except ImportError:
-        get_ipython = None
-    if get_ipython is None or get_ipython() is None:
-        print(text)
-        return
-    display({"text/markdown": text, "text/plain": text}, raw=True)   # as grading writes it
+    display_bundle({"text/markdown": text, "text/plain": text})   # as grading writes it
