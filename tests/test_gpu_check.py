@@ -291,6 +291,10 @@ def test_main_runs_the_chosen_chapters_with_a_stand_in_gpu(tmp_path, monkeypatch
         raise ImportError("No module named 'pynvml'")
 
     monkeypatch.setattr(gpu_check, "FootprintSampler", no_nvml)
+    # main() points this process's kernels at the keys through the environment; monkeypatch
+    # takes it back afterwards, or every later kernel of this pytest worker (nbval's, the
+    # browser test's JupyterLab) would look for keys in this test's empty folder.
+    monkeypatch.setenv("GPULAB_ANSWER_KEYS", "")
     assert gpu_check.main(["--out", str(tmp_path / "out"), "--chapter-timeout", "20", "01"]) == 0
     (report_json,) = (tmp_path / "out").glob("*.json")
     report = json.loads(report_json.read_text())
@@ -299,3 +303,9 @@ def test_main_runs_the_chosen_chapters_with_a_stand_in_gpu(tmp_path, monkeypatch
     assert chapter["experiments"][0]["stdout"] == "42\n"
     assert chapter["footprint"]["peak_bytes"] is None and "NVML" in chapter["footprint"]["note"]
     assert report["complete"] and report["gpu_tests"]["tail"] == ["1 passed"]
+
+
+def test_main_leaves_no_answer_keys_in_the_environment_of_its_caller():
+    """The test above runs main() in this process: the keys' folder it set must not outlive it
+    (found by a fresh clone's suite: the browser test's JupyterLab inherited an empty folder)."""
+    assert "GPULAB_ANSWER_KEYS" not in os.environ
