@@ -97,6 +97,13 @@ def autograde(chapter: str, jobs: int) -> None:
               "errors above); they score zero. The rest of the class was graded.")
 
 
+def threads_per_kernel(jobs: int) -> int:
+    """Each of the ``jobs`` kernels running at once gets an equal share of the cores. PyTorch's
+    default, a thread per core in every kernel, oversubscribes them, and OpenMP's waiting threads
+    then slow every step several-fold. An OMP_NUM_THREADS already set is kept."""
+    return max(1, (os.cpu_count() or 1) // max(1, jobs))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--feedback-only", action="store_true",
@@ -105,6 +112,7 @@ def main() -> None:
                         help="submissions graded at once (default: one per CPU core)")
     args = parser.parse_args()
     os.environ.pop("GPULAB_ANSWER_KEYS", None)  # keys never reach a learner's kernel
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_kernel(args.jobs)))
     chapters = submitted_chapters()
     if not chapters:
         raise SystemExit(f"nothing to grade: no folders like {SUBMITTED}/<student>/<chapter>/")

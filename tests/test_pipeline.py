@@ -18,6 +18,7 @@ untouched release under nbval or in the browser test.
 """
 import filecmp
 import html
+import os
 import re
 import shutil
 import subprocess
@@ -137,6 +138,13 @@ class ChapterRoundTrip:
         for student in self.students:
             assert any(f",{student}," in row for row in rows), student
         assert "solver" in stdout and "needs manual grading" in stdout   # the written answer
+
+
+def test_graded_kernels_running_at_once_share_the_cores():
+    from grade import threads_per_kernel
+    cores = os.cpu_count() or 1
+    assert threads_per_kernel(1) == cores
+    assert threads_per_kernel(cores) == 1 and threads_per_kernel(4 * cores) == 1
 
 
 def test_chapters_that_start_processes_run_whole_in_the_sandbox():
