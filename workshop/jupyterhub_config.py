@@ -63,9 +63,8 @@ hub.WorkshopSpawner.wrapper_env = {
     "GPULAB_WORKSHOP_COURSE": str(COURSE), "GPULAB_WORKSHOP_HIDE": hide,
     "GPULAB_WORKSHOP_REVEAL": reveal,
     "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
-    # Learners' servers leave nbgrader's pages and a slow import out (workshop/singleuser/).
+    # Learners' servers leave nbgrader's pages out (workshop/singleuser/).
     "JUPYTER_CONFIG_PATH": str(HERE / "singleuser"),
-    "PYTHONPATH": str(HERE / "singleuser" / "python"),
 }
 c.Spawner.env_keep = ["LANG", "LC_ALL"]
 c.Spawner.cmd = [str(HERE / "start_learner.sh"), str(VENV_BIN / "jupyterhub-singleuser")]

@@ -91,8 +91,6 @@ GPU Training Lab workshop, planned for {settings.learners} learners
     # Started in the background (nohup ... &), a process inherits SIGINT ignored, and so would the
     # hub's servers and services: each would then hold the hub's shutdown for its full timeout.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    # The hub and its services skip a slow import too (workshop/singleuser/python/rfc3987_syntax.py).
-    os.environ["PYTHONPATH"] = str(HERE / "singleuser" / "python")
     hub_command = [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(HERE / "jupyterhub_config.py")]
     os.execv(hub_command[0], hub_command + sys.argv[1:])
 
