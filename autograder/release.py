@@ -4,12 +4,12 @@
     python autograder/release.py --graded   # autograder/graded_release/, without self-checks
 
 The self-study release gets, beside each chapter's notebook, `selfcheck.dat`: the chapter's
-answer key encoded (gpulab.checks.encode_selfcheck), so that its test cells give an immediate
+answer key encoded (gpulab.course.checks.encode_selfcheck), so that its test cells give an immediate
 verdict. A graded release has no such file: its test cells only record the answer, and the
 verdict comes from `make autograde` with the instructor's key. With a course seed set
 (`c.GradeRecordedAnswers.course_seed` in nbgrader_config.py), a graded release gives each student
 numbers of their own: its question cells become `question("<id>")` cells, with `variants.json`
-beside the notebook (gpulab.variants). The self-study release never has variants.
+beside the notebook (gpulab.course.variants). The self-study release never has variants.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpulab.checks import SELFCHECK_FILE, encode_selfcheck, import_key, load_key_module
-from gpulab.variants import add_question_cells
+from gpulab.course.checks import SELFCHECK_FILE, encode_selfcheck, import_key, load_key_module
+from gpulab.course.variants import add_question_cells
 
 AUTOGRADER = Path(__file__).resolve().parent
 ROOT = AUTOGRADER.parent

@@ -17,14 +17,14 @@ object that equals everything, or read the answer key from disk. Here the roles 
    time than allowed. A cell over its time limit, a kernel death (``os._exit``, a segfault), a
    limit reached, or the notebook's total time limit stops the run with a message; grading
    goes on with what ran.
-3. In the kernel, ``gpulab.checks.check`` only *records* each answer (a plain number or text).
+3. In the kernel, ``gpulab.course.checks.check`` only *records* each answer (a plain number or text).
    ``GradeRecordedAnswers`` then judges the records against the instructor's key, here in the
    grading process, and rewrites each test cell's output to the verdict: a diagnostic error
    (zero) or a pass. It also caps every output's size.
 
 What this cannot stop: a learner who knows the right number can type it. With a course seed
 (``GradeRecordedAnswers.course_seed``) each student's quizzes have numbers of their own
-(gpulab.variants), so a classmate's number, or the solutions', is not the right one.
+(gpulab.course.variants), so a classmate's number, or the solutions', is not the right one.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Float, Integer, Unicode
 
 import gpulab
-from gpulab import variants
-from gpulab.checks import RECORD_MIME, Item, WrongAnswer, import_key, items_by_id, judge
+from gpulab.course import variants
+from gpulab.course.checks import RECORD_MIME, Item, WrongAnswer, import_key, items_by_id, judge
 
 INTEGRITY_LOG = "integrity.jsonl"  # one line per finding, beside the gradebook
 PROGRESS_LOG = "progress.jsonl"    # one line per notebook graded, beside the gradebook
@@ -534,7 +534,7 @@ class GradeRecordedAnswers(NbGraderPreprocessor):
     """Judge each test cell's recorded answer against the instructor's key; cap outputs."""
 
     keys_dir = Unicode(help="Folder of the instructor's answer keys (NN_topic.py).").tag(config=True)
-    course_seed = Unicode("", help="Per-student numbers (gpulab.variants): the course's seed; "
+    course_seed = Unicode("", help="Per-student numbers (gpulab.course.variants): the course's seed; "
                           "empty, everyone has the chapter's own numbers.").tag(config=True)
     max_output_chars = Integer(100_000, help="Largest output kept, in characters.").tag(config=True)
 

@@ -1,20 +1,21 @@
 """gpulab: the small library the GPU Training Lab notebooks import.
 
-One module per idea, each short enough to read in one sitting:
+Its folders follow the course, one per chapter idea, in the order a learner meets them:
 
-- ``gpulab.device``   pick the best device; the preflight report (``python -m gpulab doctor``)
-- ``gpulab.hardware`` datasheet figures of common NVIDIA GPUs, each row with its source
-- ``gpulab.arith``    the course's formulas (bytes, transfer times, training memory), each citing
-                      its source
-- ``gpulab.models``   the course's GPT, built so that its memory follows the formulas
-- ``gpulab.measure``  timing, bandwidth and peak memory, measured right on CPU and GPU alike
-- ``gpulab.memory``   the storage tracker and training step behind ``measure``'s peak memory
-- ``gpulab.footprint`` a learner's GPU memory as the driver counts it, over their processes
-                      (``make gpu-check``)
-- ``gpulab.accumulation`` gradient accumulation, and when it is not the same as one big batch
-- ``gpulab.checks``   the quiz checker used by notebook test cells
-- ``gpulab.plots``    the few plots the chapters share
-- ``gpulab.widgets``  interactive calculators (ipywidgets), each backed by a plain function
+- ``gpulab.device``         01: choosing the device, facts from torch and NVML, datasheets
+                            (``hardware``), the GPU's health, a learner's footprint on it, the
+                            doctor (``python -m gpulab doctor``)
+- ``gpulab.arith``          the course's formulas, one module per chapter, each citing its source
+- ``gpulab.models``         the course's GPT, whose memory follows the formulas
+- ``gpulab.measure``        timing, bandwidth, peak memory and throughput, right on CPU and GPU
+- ``gpulab.precision``      04: number formats, loss scaling, autocast, training per precision
+- ``gpulab.checkpointing``  05: gradient accumulation (and checkpointing's measurements)
+- ``gpulab.parallel``       06: ranks from a notebook, the collectives, DDP, ZeRO and FSDP
+- ``gpulab.pipeline``       07: the step-time model, datasets, the measured loop, profiling
+- ``gpulab.monitoring``     08: a GPU monitor, the classic failures, checkpoint intervals
+- ``gpulab.gpu_share``      a workshop learner's GPU memory cap, applied when torch is imported
+- ``gpulab.course``         the course's machinery: quiz checks, per-student numbers,
+                            predictions beside measurements, plots, widgets
 
 Submodules are imported explicitly (``from gpulab import arith``) so that importing the
 package itself stays cheap.

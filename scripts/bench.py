@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "autograder"))
 from scratch_course import answers_replaced, copy_course  # noqa: E402
 
-from gpulab.checks import load_key_module  # noqa: E402
+from gpulab.course.checks import load_key_module  # noqa: E402
 
 
 def execute_seconds(path: Path) -> float:
@@ -52,8 +52,8 @@ def adversarial(nb, kind: str):
         for c in answers:
             c.source = c.source.replace("= ...", "= Anything()")
     elif kind == "patched_checker":
-        answers[0].source = ("import gpulab.checks, math\nmath.isclose = lambda *a, **k: True\n"
-                             "gpulab.checks.check = check = lambda *a: print('right')\n") + answers[0].source
+        answers[0].source = ("import gpulab.course.checks, math\nmath.isclose = lambda *a, **k: True\n"
+                             "gpulab.course.checks.check = check = lambda *a: print('right')\n") + answers[0].source
     elif kind == "kernel_exit":
         answers[len(answers) // 2].source = "import os\nos._exit(0)"
     elif kind == "deleted_tests":

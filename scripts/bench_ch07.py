@@ -9,7 +9,7 @@
    exported trace (target: within 5 percentage points);
 4. the capstone ladder on the course GPT: tokens/s and the fraction of the peak per rung (on a
    CPU the fraction of its measured matmul rate, not an MFU; on a GPU MFU against the dense bf16
-   datasheet peak, when the GPU is in gpulab.hardware's table).
+   datasheet peak, when the GPU is in gpulab.device.hardware's table).
 
 Run: ``.venv/bin/python scripts/bench_ch07.py`` (about a minute on an idle 2-core CPU). The
 machine's load average is printed first: on a shared machine the timings carry its noise.
@@ -24,9 +24,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from gpulab import arith, hardware, measure, pipeline, trace
+from gpulab import arith, measure, pipeline
+from gpulab.device import hardware
 from gpulab.device import best_device
 from gpulab.models import GPTConfig
+from gpulab.pipeline import trace
 
 SAMPLE_LATENCY, BATCH = 0.005, 8                                      # 40 ms per batch
 CONFIGS = [(0, 0.020), (1, 0.010), (2, 0.008), (4, 0.005), (2, 0.035), (4, 0.025)]

@@ -14,7 +14,7 @@ when they are spent the kernel is killed and the chapter is reported as timed ou
 
 The footprint is what the learner holds on a shared GPU: the used memory the driver (NVML)
 reports for the chapter's kernel and all its child processes (chapter 06's ranks), sampled every
-`--interval` seconds over the whole chapter (gpulab.footprint), against the course's budget of
+`--interval` seconds over the whole chapter (gpulab.device.footprint), against the course's budget of
 4 GiB per learner. It includes each process's CUDA context and PyTorch's cache, which
 `torch.cuda.max_memory_allocated` leaves out; the checker itself never initialises CUDA.
 
@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # gpulab, when run as a script from anywhere
 
-from gpulab.footprint import FootprintSampler, process_tree  # noqa: E402
+from gpulab.device.footprint import FootprintSampler, process_tree  # noqa: E402
 
 BUDGET_BYTES = 4 * 2**30          # the course's GPU memory budget per learner (GiB = 2^30 bytes)
 CHAPTER_TIMEOUT_S = 70            # six chapters, their kernel starts and the GPU tests: ~8 min

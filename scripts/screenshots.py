@@ -22,7 +22,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "book" / "screenshots"
 sys.path.insert(0, str(ROOT))
-from gpulab.checks import load_key_module  # noqa: E402
+from gpulab.course.checks import load_key_module  # noqa: E402
 
 MAIN_PLOT = {   # the call that draws each chapter's main plot
     "01_device_basics": "plots.by_size(",

@@ -31,7 +31,7 @@ MARKER = "gpulab-adversarial-marker"          # in the command line of any proce
 RIGHT = {"a": 2048, "b": 0.25}
 
 KEY = '''
-from gpulab.checks import Item, Mistake
+from gpulab.course.checks import Item, Mistake
 ITEMS = [
     Item("99-a", 2048, "", mistakes=(Mistake(2049, "2049 is not an fp16 number."),)),
     Item("99-b", 0.25, "", mistakes=(Mistake(0.5, "the step is half a gap there."),)),
@@ -44,7 +44,7 @@ def source_notebook() -> nbformat.NotebookNode:
         return {"nbgrader": {"grade": False, "solution": False, "locked": False,
                              "schema_version": 3, "grade_id": grade_id, **flags}}
     cells = [nbformat.v4.new_markdown_cell("# Probe\nTwo items.", id="intro"),
-             nbformat.v4.new_code_cell("from gpulab.checks import check", id="setup",
+             nbformat.v4.new_code_cell("from gpulab.course.checks import check", id="setup",
                                        metadata=meta("setup", locked=True))]
     for name, value in RIGHT.items():
         cells.append(nbformat.v4.new_code_cell(
@@ -273,9 +273,9 @@ ATTACKS = {
         "import math, numpy, numpy.testing, torch\n"
         "math.isclose = lambda *a, **k: True\nnumpy.isclose = lambda *a, **k: True\n"
         "numpy.testing.assert_allclose = lambda *a, **k: None\ntorch.allclose = lambda *a, **k: True\n"
-        "import gpulab.checks\ngpulab.checks._close = lambda *a, **k: True")), (0, 0), None),
+        "import gpulab.course.checks\ngpulab.course.checks._close = lambda *a, **k: True")), (0, 0), None),
     "patched_checker": (lambda nb: answered(nb, "1", "1", before_b=(
-        "import gpulab.checks\ngpulab.checks.check = lambda *a: print('right')\n"
+        "import gpulab.course.checks\ngpulab.course.checks.check = lambda *a: print('right')\n"
         "check = lambda *a: print('\\u2714 right')")), (0, 0), "no answer was recorded"),
     "forged_record": (lambda nb: answered(nb, "1", "1", before_a=(
         "from IPython.display import display\n"

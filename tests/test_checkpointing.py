@@ -16,7 +16,7 @@ import dataclasses
 import pytest
 import torch
 
-from gpulab import accumulation as acc
+from gpulab.checkpointing import accumulation as acc
 from gpulab.arith import (MiB, accumulation_steps, best_segment_size, global_batch,
                           largest_micro_batch, predict_training_memory, segment_size,
                           sqrt_segment_size, training_flops, training_flops_with_checkpointing)

@@ -1,12 +1,12 @@
-"""gpulab.checks: verdicts, diagnostics that name the mistake, clear messages for bad input."""
+"""gpulab.course.checks: verdicts, diagnostics that name the mistake, clear messages for bad input."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from gpulab import checks
-from gpulab.checks import Item, Mistake, WrongAnswer, check, judge
+from gpulab.course import checks
+from gpulab.course.checks import Item, Mistake, WrongAnswer, check, judge
 
 BYTES = Item("99-bytes", 38_535_168, "bytes",
              mistakes=(Mistake(9_633_792, "4x too small: that is the number of elements."),))
@@ -106,7 +106,7 @@ def test_selfcheck_round_trip_is_deterministic_and_not_plain_text():
 
 
 KEY_MODULE = '''
-from gpulab.checks import Item
+from gpulab.course.checks import Item
 ITEMS = [Item("42-answer", 42, "units")]
 '''
 
@@ -230,7 +230,7 @@ def test_missing_key_for_chapter_in_grading_folder_is_an_error(tmp_path, monkeyp
 def test_a_graded_run_records_without_reading_any_key(monkeypatch, capsys, tmp_path):
     """Under nbgrader's autograde, even with a key reachable, check() judges nothing: it
     records the answer (here, outside IPython, it prints that it did)."""
-    from gpulab.checks import check
+    from gpulab.course.checks import check
 
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     monkeypatch.setenv("GPULAB_ANSWER_KEYS", str(tmp_path / "nowhere"))   # would raise if read
@@ -248,7 +248,7 @@ def test_a_graded_run_records_without_reading_any_key(monkeypatch, capsys, tmp_p
     ([1, 2], {"error": "list"}),
 ])
 def test_answer_record_keeps_only_a_plain_number_or_text(answer, record):
-    from gpulab.checks import answer_record
+    from gpulab.course.checks import answer_record
 
     got = answer_record("99-x", answer)
     assert got["item"] == "99-x" and set(got) == {"item", *record}
@@ -259,7 +259,7 @@ def test_answer_record_keeps_only_a_plain_number_or_text(answer, record):
 
 
 def test_an_object_equal_to_everything_records_as_no_number():
-    from gpulab.checks import answer_record
+    from gpulab.course.checks import answer_record
 
     class Anything:
         def __eq__(self, other):

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from gpulab import device
-from gpulab.device import choosing  # holds count_gpus_in_this_process and its torch
 from gpulab.__main__ import main
+from gpulab.device import choosing  # holds count_gpus_in_this_process and its torch
 from gpulab.device import (
     GiB, LEARNER_BUDGET_BYTES, NVML_INIT_FAILED, NVML_NO_LIBRARY, NVML_NOT_INSTALLED, NVML_OK,
     DeviceFacts, Finding, GPUProcess, NvmlGPU, TorchGPU, collect_facts, diagnose, is_usable,
@@ -440,7 +440,7 @@ def test_chapter_01_times_the_synchronised_matmul_from_an_empty_queue():
         gpu.synchronize()
         return types.SimpleNamespace(median=gpu.KERNEL)
 
-    from gpulab import predict
+    from gpulab.course import predict
     namespace = dict(
         torch=types.SimpleNamespace(randn=lambda *shape, device=None: Matrix()),
         time=types.SimpleNamespace(perf_counter=gpu.perf_counter),

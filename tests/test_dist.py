@@ -1,4 +1,4 @@
-"""gpulab.dist: launch runs real gloo ranks, and every way a rank can fail ends the run quickly,
+"""gpulab.parallel.dist: launch runs real gloo ranks, and every way a rank can fail ends the run quickly,
 names the rank, and leaves no process behind.
 
 The workers below run in spawned processes, which import this module by name (pytest puts
@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import gpulab.dist
-from gpulab.dist import LaunchError, default_backend, free_port, launch, worker_device
+from gpulab.parallel.dist import LaunchError, default_backend, free_port, launch, worker_device
+import gpulab.parallel.dist
 
 
 # ----------------------------------------------------------------------------- workers
@@ -74,7 +74,7 @@ def sharded_state_on_a_one_gpu_host(rank, world_size):
     torch.cuda.device_count = lambda: 1
     torch.cuda.set_device = set_device
     torch._C._get_accelerator = lambda: torch.device("cuda")
-    from gpulab import data_parallel  # here, not at the top: every test's ranks import this file
+    from gpulab.parallel import data_parallel  # here, not at the top: every test's ranks import this file
     return data_parallel.sharded_state(rank, world_size), asked
 
 
@@ -177,14 +177,14 @@ def test_a_hung_run_times_out_and_says_who_hung(tmp_path):
 def test_an_interrupted_launch_leaves_no_rank_behind(tmp_path, monkeypatch):
     """Interrupting the kernel raises KeyboardInterrupt inside launch, here injected while it polls
     two running ranks (rank 0 blocked in all_reduce, rank 1 asleep): both must still be stopped."""
-    collect = gpulab.dist._collect
+    collect = gpulab.parallel.dist._collect
 
     def interrupted_once_both_run(pipe, proc):
         if len(list(tmp_path.glob("*.pid"))) == 2:
             raise KeyboardInterrupt
         return collect(pipe, proc)
 
-    monkeypatch.setattr(gpulab.dist, "_collect", interrupted_once_both_run)
+    monkeypatch.setattr(gpulab.parallel.dist, "_collect", interrupted_once_both_run)
     with pytest.raises(KeyboardInterrupt):
         launch(fail_on_rank_1, 2, args=("hang", str(tmp_path)), timeout=20)
     assert len(assert_all_gone(tmp_path)) == 2
@@ -224,7 +224,7 @@ def test_one_gpu_host_two_ranks_stay_on_the_cpu(monkeypatch):
     run gloo on the CPU, every rank's device is the CPU, and FSDP's mesh is a CPU mesh: no rank
     asks for a GPU (fully_shard's default mesh would follow torch's accelerator, CUDA, and make
     GPU LOCAL_RANK current: "invalid device ordinal" on rank 1)."""
-    from gpulab import data_parallel
+    from gpulab.parallel import data_parallel
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -245,7 +245,7 @@ def test_every_rank_starts_from_the_cpu_built_model(monkeypatch):
     with the same seed and only then move it, so a rank on cuda:r holds the very weights the
     CPU reference starts from (a GPU's generator would give others). Moved here to "meta",
     which any machine has, the model must still have been built on the CPU."""
-    from gpulab import data_parallel
+    from gpulab.parallel import data_parallel
 
     built_on = []
     real_gpt = data_parallel.GPT
@@ -282,7 +282,7 @@ def test_all_reduce_time_is_taken_between_two_synchronisations(monkeypatch, one_
     (backward done) and stop after another (the all-reduce done), every step. Recorded here by
     replacing synchronize, the barrier, the all-reduce and the clock with loggers (the barrier
     keeps the wait for a slower rank's backward out of the figure)."""
-    from gpulab import data_parallel
+    from gpulab.parallel import data_parallel
 
     log = []
     monkeypatch.setattr(data_parallel, "synchronize", lambda device: log.append("sync"))

@@ -1,4 +1,4 @@
-"""gpulab.failures: clock-event bits against pynvml's constants, the checkpoint interval against
+"""gpulab.monitoring.failures: clock-event bits against pynvml's constants, the checkpoint interval against
 Young's and Daly's published formulas and a simulation, the out-of-memory message round trip,
 the CUDA error texts, kernel-image compatibility, NaN steps and /dev/shm."""
 import math
@@ -6,20 +6,21 @@ import math
 import pynvml
 import pytest
 
-from gpulab import failures
+from gpulab.device import health
+from gpulab.monitoring import failures
 
 GiB = 2**30
 
 
 def test_clock_event_bits_are_pynvmls():
-    assert failures.decode_clock_events(pynvml.nvmlClocksEventReasonSwPowerCap
+    assert health.decode_clock_events(pynvml.nvmlClocksEventReasonSwPowerCap
                                         | pynvml.nvmlClocksEventReasonHwThermalSlowdown) == [
         "SwPowerCap", "HwThermalSlowdown"]
-    assert failures.decode_clock_events(0x44) == ["SwPowerCap", "HwThermalSlowdown"]
-    assert failures.decode_clock_events(0) == []
-    assert failures.decode_clock_events(0x1 | 0x1000) == ["GpuIdle", "unknown(0x1000)"]
-    assert failures.slowdowns(0x1 | 0x2 | 0x20) == ["SwThermalSlowdown"]   # idle is no slowdown
-    assert "power limit" in failures.explain_clock_events(0x4)
+    assert health.decode_clock_events(0x44) == ["SwPowerCap", "HwThermalSlowdown"]
+    assert health.decode_clock_events(0) == []
+    assert health.decode_clock_events(0x1 | 0x1000) == ["GpuIdle", "unknown(0x1000)"]
+    assert health.slowdowns(0x1 | 0x2 | 0x20) == ["SwThermalSlowdown"]   # idle is no slowdown
+    assert "power limit" in health.explain_clock_events(0x4)
 
 
 def test_checkpoint_intervals_against_the_papers():
@@ -106,7 +107,7 @@ def test_cuda_error_texts():
     ([], (9, 0), False),
 ])
 def test_kernel_image_available(arch, capability, ok):
-    assert failures.kernel_image_available(arch, capability)[0] is ok
+    assert health.kernel_image_available(arch, capability)[0] is ok
 
 
 def test_nan_steps_and_fp16_overflow():

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from gpulab import footprint
-from gpulab.footprint import Footprint, FootprintSampler, process_tree, tree_bytes
+from gpulab.device import footprint
+from gpulab.device.footprint import Footprint, FootprintSampler, process_tree, tree_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB, GiB = 2**20, 2**30

@@ -1,4 +1,4 @@
-"""Cross-checks of gpulab.hardware: derived figures must agree with published ones.
+"""Cross-checks of gpulab.device.hardware: derived figures must agree with published ones.
 
 Each test recomputes a number from the table and compares it with a figure printed somewhere
 else (formula sheet, datasheet, whitepaper), so a typo, a unit slip or a with-sparsity figure in
@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from gpulab.hardware import GPUS, GPUSpec, lookup
+from gpulab.device.hardware import GPUS, GPUSpec, lookup
 
 A100 = GPUS["A100-SXM4-80GB"]
 H100 = GPUS["H100-SXM5-80GB"]

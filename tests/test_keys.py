@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from gpulab.checks import SELFCHECK_FILE, WrongAnswer, decode_selfcheck, judge, load_key_module
+from gpulab.course.checks import SELFCHECK_FILE, WrongAnswer, decode_selfcheck, judge, load_key_module
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY_FILES = sorted((ROOT / "autograder" / "keys").glob("[0-9][0-9]_*.py"))
@@ -294,7 +294,7 @@ def test_chapter_06_against_published_figures():
 
 def test_chapter_06_reduce_scatter_answer_is_what_the_ranks_compute():
     """Quiz 1, on two real gloo ranks: rank 1's piece of the reduce-scatter of [0, 1] and [10, 11]."""
-    from gpulab import collectives, dist
+    from gpulab.parallel import collectives, dist
 
     shown = dist.launch(collectives.show_collectives, 2, backend="gloo")
     assert shown[1]["reduce_scatter"] == ([10.0, 11.0], [key("06_data_parallel")["06-reduce-scatter"].value])

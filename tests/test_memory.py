@@ -12,7 +12,7 @@ import torch
 
 from gpulab.arith import MiB, activation_bytes_per_layer, predict_training_memory
 from gpulab.measure import peak_memory, training_step_peak
-from gpulab.memory import make_optimizer, train_step
+from gpulab.measure.memory import make_optimizer, train_step
 from gpulab.models import GPT, GPTConfig
 from memory_cases import TOLERANCE, case_id, config, relative_error
 
@@ -249,8 +249,8 @@ def test_cuda_allocator_agrees_with_tracker_and_prediction(case):
 # ------------------------------------------------------------------------------------------
 # The CUDA allocator's block sizes (chapter 01, Experiment 1; issue 13, finding 6)
 
-from gpulab import memory  # noqa: E402
-from gpulab.memory import Allocation, allocation, cuda_block_bytes  # noqa: E402
+from gpulab.measure import memory  # noqa: E402
+from gpulab.measure.memory import Allocation, allocation, cuda_block_bytes  # noqa: E402
 
 BATCH = 64 * 3 * 224 * 224   # chapter 01's image batch, in elements
 
@@ -312,7 +312,8 @@ def test_chapter_02_first_step_cell_frees_its_model():
 
     import nbformat
 
-    from gpulab import measure, predict
+    from gpulab import measure
+    from gpulab.course import predict
 
     path = Path(__file__).resolve().parents[1] / "solutions/02_vram_arithmetic/02_vram_arithmetic.ipynb"
     cell = next(c.source for c in nbformat.read(path, as_version=4).cells if c.id == "ch02-code-23")

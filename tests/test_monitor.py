@@ -1,4 +1,4 @@
-"""gpulab.monitor and the doctor's chapter-08 checks: the NVML path against a small fake pynvml
+"""gpulab.monitoring.monitor and the doctor's chapter-08 checks: the NVML path against a small fake pynvml
 (this machine has no driver), the CPU fallback for real, energy from power and from the counter,
 the health findings and the per-failure-class verdicts."""
 import dataclasses
@@ -7,10 +7,11 @@ import types
 
 import pytest
 
-from gpulab import monitor
 from gpulab.device import DeviceFacts, NvmlGPU, TorchGPU, diagnose, render_report
+from gpulab.device.health import GPUHealth, read_health
 from gpulab.device.preflight import failure_classes
-from gpulab.monitor import GPUHealth, Monitor, Trace
+from gpulab.monitoring import monitor
+from gpulab.monitoring.monitor import Monitor, Trace
 
 GiB = 2**30
 
@@ -117,7 +118,7 @@ def test_plot_draws_one_panel_per_series():
 
 
 def test_health_reads_clocks_power_cap_and_ecc():
-    health = monitor.read_health(fake_nvml(ecc_uncorrected=2), 0)
+    health = read_health(fake_nvml(ecc_uncorrected=2), 0)
     assert (health.sm_clock_mhz, health.max_sm_clock_mhz, health.clock_events) == (1755, 1980, 4)
     assert (health.power_limit_watts, health.default_power_limit_watts) == (500, 700)
     assert (health.ecc_enabled, health.ecc_uncorrected_volatile, health.ecc_corrected_volatile) == (True, 2, 7)
@@ -134,7 +135,7 @@ def gpu_machine(health: GPUHealth | None, arch=("sm_80", "sm_90")) -> DeviceFact
 
 
 def test_doctor_flags_memory_errors_power_cap_and_slowdown_before_a_run():
-    sick = monitor.read_health(fake_nvml(ecc_uncorrected=2, events=0x44), 0)
+    sick = read_health(fake_nvml(ecc_uncorrected=2, events=0x44), 0)
     findings = diagnose(gpu_machine(sick))
     levels = {f.level for f in findings}
     assert levels == {"ok", "warn", "error"}

@@ -29,7 +29,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from gpulab.checks import load_key_module
+from gpulab.course.checks import load_key_module
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "autograder"))

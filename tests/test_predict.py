@@ -1,7 +1,7 @@
-"""gpulab.predict: the learner's prediction beside the formula and the measurement."""
+"""gpulab.course.predict: the learner's prediction beside the formula and the measurement."""
 import pytest
 
-from gpulab.predict import line
+from gpulab.course.predict import line
 
 
 def test_a_prediction_within_tolerance_prints_one_line_with_the_ratio():

@@ -1,15 +1,22 @@
-"""No public name is lost when a library module is split into a package (issue 17, item 4).
+"""Every gpulab name the course uses resolves where it is imported from, and ships in the wheel.
 
-Notebooks, answer keys, scripts and tests write ``measure.time_fn``, ``arith.xxx``: each module
-below must go on offering every name it offered before its split. To cover another module, add
-it to PUBLIC_NAMES with the names its last single-file version offered (its functions, classes,
-constants and deliberate re-exports, not the modules it happened to import).
+Issue 26 regrouped gpulab by chapter, moving modules without leaving shims behind: a learner
+reading ``from gpulab.X import Y`` in a chapter finds Y in X. So the names the notebooks, answer
+keys, scripts, the workshop and the tests import or use (``from gpulab.course import plots`` and
+then ``plots.bars``) are read from their source and resolved here, and no old top-level module
+answers any more. The packages whose names already read as the table of contents keep every
+public name they offered (PUBLIC_NAMES).
 """
+import ast
 import importlib
+import importlib.util
+import json
 import tomllib
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PUBLIC_NAMES = {
     # From gpulab/arith.py before it became the package gpulab/arith/ (one module per chapter).
@@ -40,7 +47,7 @@ PUBLIC_NAMES = {
         # chapter 01: timing and copies
         "Timing", "synchronize", "time_fn", "CopyBandwidth", "host_copy_bandwidth",
         "allocated_bytes",
-        # chapter 02: peak memory (re-exported from gpulab.memory)
+        # chapter 02: peak memory (re-exported from gpulab.measure.memory)
         "MemoryPeak", "peak_memory", "training_step_peak",
         # chapter 03: throughput, launch overhead, attention, training-step throughput
         "Throughput", "matmul_throughput", "elementwise_throughput", "LaunchOverhead",
@@ -106,8 +113,105 @@ def test_every_public_name_is_still_offered(module_name):
 def test_every_subpackage_goes_into_the_wheel():
     """pyproject.toml lists packages by hand: a split module's new folder must be in the list, or
     an install that is not editable (a wheel) would have no ``gpulab.measure`` at all."""
-    root = Path(__file__).resolve().parents[1]
-    listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    on_disk = sorted(".".join(init.parent.relative_to(root).parts)
-                     for init in (root / "gpulab").rglob("__init__.py"))
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    on_disk = sorted(".".join(init.parent.relative_to(ROOT).parts)
+                     for init in (ROOT / "gpulab").rglob("__init__.py"))
     assert sorted(listed) == on_disk
+
+
+#: Top-level modules before issue 26, and where they went. None of them may answer any more.
+MOVED = {"checks": "course", "variants": "course", "predict": "course", "plots": "course",
+         "widgets": "course", "hardware": "device", "sampler": "device", "footprint": "device",
+         "memory": "measure", "accumulation": "checkpointing", "dist": "parallel",
+         "collectives": "parallel", "data_parallel": "parallel", "trace": "pipeline",
+         "utilisation": "pipeline", "monitor": "monitoring", "failures": "monitoring"}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_a_moved_module_left_no_shim_behind(old):
+    assert importlib.util.find_spec(f"gpulab.{old}") is None, f"gpulab.{old} still answers"
+    assert importlib.util.find_spec(f"gpulab.{MOVED[old]}.{old}") is not None
+
+
+def _sources():
+    """(where, Python source) of every notebook code cell and Python file that uses gpulab."""
+    for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] == "code":
+                lines = "".join(cell["source"]).splitlines()
+                yield f"{path.name} cell {i}", "\n".join(l for l in lines
+                                                         if not l.lstrip().startswith(("%", "!")))
+    for folder in ("autograder", "scripts", "workshop", "tests", "gpulab"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            yield str(path.relative_to(ROOT)), path.read_text()
+
+
+def _resolve(dotted: str):
+    """The object ``gpulab.a.b.c`` names: modules imported as needed, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)  # AttributeError: the name is not there
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def _used_names(tree: ast.AST) -> set[str]:
+    """Dotted gpulab names a source uses: what it imports, and ``alias.attr`` on a gpulab module
+    it imported (one attribute deep: ``plots.bars``, ``gpulab.device.hardware.GPUS``)."""
+    bound, used = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+                node.module == "gpulab" or node.module.startswith("gpulab.")):
+            for alias in node.names:
+                used.add(f"{node.module}.{alias.name}")
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "gpulab":
+                    used.add(alias.name)
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+                    else:
+                        bound["gpulab"] = "gpulab"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain, inner = [node.attr], node.value
+            while isinstance(inner, ast.Attribute):
+                chain.append(inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name) and inner.id in bound:
+                used.add(".".join([bound[inner.id]] + chain[::-1]))
+    return used
+
+
+def test_every_gpulab_name_the_course_uses_resolves():
+    """What a notebook, key, script or test imports from gpulab, and the attributes it reads off
+    the gpulab modules it imported, all exist: a move that missed one place fails here first."""
+    import types
+    missing = []
+    for where, source in _sources():
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # a cell holding a student's "..." placeholder or a shell line
+            continue
+        for dotted in sorted(_used_names(tree)):
+            try:
+                obj = _resolve(dotted)
+            except (ModuleNotFoundError, AttributeError):
+                # an attribute read on something a module holds (``trace.events[0]``) is not a
+                # module's name: only a module's own missing attribute counts
+                parent, _, _ = dotted.rpartition(".")
+                try:
+                    holder = _resolve(parent)
+                except (ModuleNotFoundError, AttributeError):
+                    missing.append(f"{where}: {dotted}")
+                    continue
+                if isinstance(holder, types.ModuleType):
+                    missing.append(f"{where}: {dotted}")
+    assert not missing, "names that do not resolve:\n" + "\n".join(missing)

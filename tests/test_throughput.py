@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from gpulab import arith, measure
-from gpulab.hardware import GPUS, lookup, peak_flops
+from gpulab.device.hardware import GPUS, lookup, peak_flops
 from gpulab.models import GPT, GPTConfig
 
 H100 = GPUS["H100-SXM5-80GB"]
@@ -228,7 +228,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_measured_rates_stay_under_the_datasheet():
     spec = lookup(torch.cuda.get_device_name())
     if spec is None:
-        pytest.skip(f"{torch.cuda.get_device_name()} is not in gpulab.hardware.GPUS")
+        pytest.skip(f"{torch.cuda.get_device_name()} is not in gpulab.device.hardware.GPUS")
     mm = measure.matmul_throughput(4096, torch.bfloat16, "cuda")
     assert 0.1 * spec.bf16_flops < mm.flops_per_second <= spec.bf16_flops
     copy = measure.elementwise_throughput(2**28, torch.float32, "cuda")

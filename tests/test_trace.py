@@ -1,4 +1,4 @@
-"""gpulab.trace and gpulab.utilisation (chapter 07): a profile's idle share, its top ops, launch
+"""gpulab.pipeline.trace and gpulab.pipeline.utilisation (chapter 07): a profile's idle share, its top ops, launch
 overhead; NVML sampling with a stand-in NVML; the CPU analogue."""
 import gzip
 import json
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from gpulab import trace, utilisation
+from gpulab.pipeline import trace, utilisation
 
 
 def X(cat, name, ts, dur):

@@ -1,4 +1,4 @@
-"""Per-student numbers (gpulab.variants, issue 21): every variant of every parameterised item has a
+"""Per-student numbers (gpulab.course.variants, issue 21): every variant of every parameterised item has a
 valid answer and distinct diagnostics, students' numbers differ, the canonical numbers give
 today's key and question texts exactly, and a graded run judges each student by their own key.
 """
@@ -14,9 +14,9 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from gpulab import variants
-from gpulab.checks import SELFCHECK_FILE, WrongAnswer, decode_selfcheck, import_key, judge
-from gpulab.variants import Param, canonical, draw, render, student_key
+from gpulab.course import variants
+from gpulab.course.checks import SELFCHECK_FILE, WrongAnswer, decode_selfcheck, import_key, judge
+from gpulab.course.variants import Param, canonical, draw, render, student_key
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "autograder"))
@@ -195,8 +195,8 @@ def _quiz_only(notebook: Path, module) -> None:
         prediction = cell.cell_type == "code" and meta.get("solution") and not meta["grade_id"].startswith("answer-")
         if meta and not prediction or cell.get("id") in module.QUESTIONS:
             kept.append(cell)
-        elif cell.cell_type == "code" and "from gpulab.checks import check" in cell.source and not kept:
-            cell.source = "from gpulab.checks import check"
+        elif cell.cell_type == "code" and "from gpulab.course.checks import check" in cell.source and not kept:
+            cell.source = "from gpulab.course.checks import check"
             kept.append(cell)
     nb.cells = kept
     nbformat.write(nb, notebook)
@@ -290,7 +290,7 @@ def test_grading_judges_a_record_against_the_students_own_key(tmp_path):
     before variants); with one, the submission folder's student's key, and the question cells
     get that student's text."""
     from secure_grading import GradeRecordedAnswers
-    from gpulab.checks import RECORD_MIME
+    from gpulab.course.checks import RECORD_MIME
 
     chapter, module = GRADED_CHAPTER, MODULES[GRADED_CHAPTER]
     canonical_value = module.ITEMS[0].value
@@ -302,7 +302,7 @@ def test_grading_judges_a_record_against_the_students_own_key(tmp_path):
         test.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": f"test-{module.ITEMS[0].id}"}
         record = {RECORD_MIME: {"item": module.ITEMS[0].id, "value": answer}, "text/plain": "recorded"}
         test.outputs = [nbformat.v4.new_output("display_data", data=record)]
-        shown = nbformat.v4.new_code_cell('from gpulab.variants import question; question("ch03-md-04")')
+        shown = nbformat.v4.new_code_cell('from gpulab.course.variants import question; question("ch03-md-04")')
         shown.metadata["gpulab"] = {"question": "ch03-md-04"}
         nb = nbformat.v4.new_notebook(cells=[shown, test])
         resources = {"nbgrader": {"assignment": chapter, "notebook": chapter, "student": "ada",

@@ -1,4 +1,4 @@
-"""Tests of chapter 02's memory calculator (gpulab.widgets) and its plots.
+"""Tests of chapter 02's memory calculator (gpulab.course.widgets) and its plots.
 
 The numbers are worked by hand from published examples (Ultra-Scale Playbook, ZeRO paper
 Figure 1, Korthikanti et al. 2022), so a unit slip or a wrong sharding rule fails a test.
@@ -15,9 +15,10 @@ matplotlib.use("Agg")  # before pyplot is imported anywhere
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from gpulab import hardware, plots  # noqa: E402
 from gpulab.arith import gpt_param_count, zero_sharded  # noqa: E402
-from gpulab.widgets import CUSTOM, PRESETS, estimate_memory, memory_calculator  # noqa: E402
+from gpulab.course import plots  # noqa: E402
+from gpulab.course.widgets import CUSTOM, PRESETS, estimate_memory, memory_calculator  # noqa: E402
+from gpulab.device import hardware
 
 GPT2 = dict(n_layer=12, hidden=768, heads=12, seq_len=1024)  # GPT-2 small, context 1024
 MODEL_STATE = ("params", "grads", "optimizer")

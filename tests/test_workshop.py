@@ -32,7 +32,7 @@ import progress  # noqa: E402
 from room import Browser, log_excerpt, start_hub, stop_hub  # noqa: E402
 
 from gpulab import gpu_share  # noqa: E402
-from gpulab.checks import load_key_module  # noqa: E402
+from gpulab.course.checks import load_key_module  # noqa: E402
 
 N_LEARNERS = 10
 DEVICES = tuple(f"GPU-{i}a1b2c3d-0000-4000-8000-00000000000{i}" for i in range(3))
@@ -57,7 +57,7 @@ def answers(i: int) -> dict[str, str]:
 
 PROBE = """
 import json, os, pwd
-from gpulab.checks import check
+from gpulab.course.checks import check
 from gpulab.gpu_share import memory_fraction
 check({item_a!r}, {answer_a})
 check({item_b!r}, {answer_b})

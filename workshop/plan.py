@@ -50,7 +50,7 @@ def learners_per_device(learners: int, devices: int) -> int:
 def memory_fraction(learners: int, devices: int) -> float:
     """Each learner's cap as a fraction of their device: the device shared by its learners
     after CONTEXT_RESERVE, rounded down to 3 decimals. 30 learners on one H200 (139.8 GiB as
-    the driver reports it, gpulab.hardware): 0.028 each, 3.9 GiB."""
+    the driver reports it, gpulab.device.hardware): 0.028 each, 3.9 GiB."""
     share = (1 - CONTEXT_RESERVE) / learners_per_device(learners, devices)
     return math.floor(share * 1000 + 1e-9) / 1000    # + 1e-9: 0.85 / 5 is 0.16999... in floats
 

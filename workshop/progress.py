@@ -2,7 +2,7 @@
 
 For each learner it reads the notebooks in ~/course as last saved (JupyterLab saves every two
 minutes and on Ctrl-S) and, for every quiz's one-line test cell ``check("01-batch-bytes", x)``,
-the verdict the cell printed when it last ran: gpulab.checks shows it as a box of class
+the verdict the cell printed when it last ran: gpulab.course.checks shows it as a box of class
 ``gpulab-check-right``, ``-wrong`` or ``-unanswered``. The page shows, per learner, the chapter
 they saved last, and per chapter the quizzes answered right out of those there are.
 

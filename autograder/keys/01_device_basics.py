@@ -4,15 +4,16 @@ Every expected value is computed by gpulab's tested functions from the numbers t
 state; nothing is typed in. Each mistake is the value a typical slip produces, with the words
 the learner sees when they give it.
 """
-from gpulab import arith, hardware
+from gpulab import arith
 from gpulab.arith import GB, MiB
-from gpulab.checks import Item, Mistake
+from gpulab.course.checks import Item, Mistake
+from gpulab.course.variants import Param, canonical
+from gpulab.device import hardware
 from gpulab.device import physical_gpu
-from gpulab.variants import Param, canonical
 
 # The numbers stated in the questions (solutions/01_device_basics, "Quiz" sections). Those in
 # PARAMS are canonical values: a graded release with a course seed draws others for each student
-# (gpulab.variants). The rest are the same for everyone (FIXED says why).
+# (gpulab.course.variants). The rest are the same for everyone (FIXED says why).
 BATCH_SHAPE = (64, 3, 224, 224)          # images: batch, channels, height, width; float32
 PCIE4_QUOTED = 64 * GB                   # datasheet "PCIe Gen4: 64 GB/s": both directions
 PCIE4_EFFECTIVE = 25 * GB                # a pinned host-to-device copy in practice
@@ -22,7 +23,7 @@ QUEUED_MATMULS = 2                       # Quiz 12: the naive call still queued 
 
 
 def gpu(key: str, short: str, name: str) -> dict:
-    """A GPU of gpulab.hardware (its cited SM count and resident threads), as Quiz 1 names it."""
+    """A GPU of gpulab.device.hardware (its cited SM count and resident threads), as Quiz 1 names it."""
     spec = hardware.GPUS[key]
     return {"short": short, "name": name, "sms": spec.sm_count, "threads": spec.max_threads_per_sm,
             "warp": spec.warp_size}

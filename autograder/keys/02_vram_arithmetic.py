@@ -7,13 +7,13 @@ import torch
 
 from gpulab import arith
 from gpulab.arith import GB, GiB, MiB
-from gpulab.checks import Item, Mistake
-from gpulab.variants import Param, canonical
+from gpulab.course.checks import Item, Mistake
+from gpulab.course.variants import Param, canonical
 from gpulab.models import GPT, GPTConfig
 
 # The numbers stated in the questions (solutions/02_vram_arithmetic, "Quiz" sections). Those in
 # PARAMS are canonical values: a graded release with a course seed draws others for each student
-# (gpulab.variants). The rest are the same for everyone (FIXED says why).
+# (gpulab.course.variants). The rest are the same for everyone (FIXED says why).
 LLAMA2_7B = 6_738_415_616                       # parameters of Llama-2-7B
 H, A, LAYERS = 4096, 32, 32                     # a Llama-2-7B-sized layer, 16-bit, with dropout
 COURSE_GPT = GPTConfig(vocab_size=1000, block_size=128, n_layer=4, n_head=4, n_embd=256)

@@ -5,14 +5,15 @@ state; each mistake is the value a typical slip produces, with the words the lea
 """
 import math
 
-from gpulab import arith, hardware
-from gpulab.checks import Item, Mistake
-from gpulab.variants import Param, canonical
+from gpulab import arith
+from gpulab.course.checks import Item, Mistake
+from gpulab.course.variants import Param, canonical
+from gpulab.device import hardware
 from gpulab.models import GPT, GPTConfig
 
 # The numbers the questions state (solutions/03_throughput, "Quiz" sections) are the canonical
 # values of PARAMS; a graded release with a course seed draws other values for each student
-# (gpulab.variants). Records are published models, so that every variant states true facts.
+# (gpulab.course.variants). Records are published models, so that every variant states true facts.
 H100 = hardware.GPUS["H100-SXM5-80GB"]
 PEAK, BANDWIDTH = 989.4e12, 3.35e12                    # as stated: dense bf16, HBM3
 VOCAB, BLOCK, HEADS = 1000, 128, 4                     # the course GPT's fixed sizes

@@ -8,14 +8,14 @@ import math
 
 from gpulab import arith, precision
 from gpulab.arith import GB
-from gpulab.checks import Item, Mistake
-from gpulab.variants import Param, canonical
+from gpulab.course.checks import Item, Mistake
+from gpulab.course.variants import Param, canonical
 
 fp32, fp16, bf16, e4m3 = (precision.FORMATS[n] for n in ("fp32", "fp16", "bf16", "fp8_e4m3"))
 
 # The numbers stated in the questions (solutions/04_mixed_precision, "Quiz" sections). Those in
 # PARAMS are canonical values: a graded release with a course seed draws others for each student
-# (gpulab.variants). The rest are the same for everyone (FIXED says why).
+# (gpulab.course.variants). The rest are the same for everyone (FIXED says why).
 IN_SHAPE, OUT_FEATURES = (8, 128, 256), 512   # quiz 13: nn.Linear(256, 512), input requires grad, bf16 autocast
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 

@@ -7,13 +7,13 @@ import torch
 
 from gpulab import arith
 from gpulab.arith import MiB
-from gpulab.checks import Item, Mistake
+from gpulab.course.checks import Item, Mistake
+from gpulab.course.variants import Param, canonical
 from gpulab.models import GPTConfig
-from gpulab.variants import Param, canonical
 
 # The numbers stated in the questions (solutions/05_checkpointing_accumulation, "Quiz" sections).
 # Those in PARAMS are canonical values: a graded release with a course seed draws others for each
-# student (gpulab.variants). The rest are the same for everyone (FIXED says why).
+# student (gpulab.course.variants). The rest are the same for everyone (FIXED says why).
 H, A = 4096, 32                                        # quiz 1: a 16-bit model's width and heads
 COURSE_GPT = GPTConfig(vocab_size=1000, block_size=128, n_layer=4, n_head=4, n_embd=256)
 BUDGET, SEQ = 140 * MiB, 128                           # quiz 9: fp32 AdamW, accumulating, every block

@@ -16,12 +16,12 @@ import math
 
 from gpulab import arith, precision
 from gpulab.arith import GB
-from gpulab.checks import Item, Mistake
-from gpulab.variants import Param, canonical
+from gpulab.course.checks import Item, Mistake
+from gpulab.course.variants import Param, canonical
 
 # The numbers stated in the questions (solutions/06_data_parallel, "Quiz" sections). Those in
 # PARAMS are canonical values: a graded release with a course seed draws others for each student
-# (gpulab.variants). The rest are the same for everyone (FIXED says why).
+# (gpulab.course.variants). The rest are the same for everyone (FIXED says why).
 NVLINK = 450e9                                    # quizzes 2, 3 and 5: H100 NVLink 4, per direction
 MEASURED_BYTES = 1e9                              # quiz 4: an all-reduce measured
 SEQ = 2048                                        # quizzes 8-9

@@ -5,12 +5,12 @@ Every expected value is computed by gpulab's tested functions from the numbers t
 state; each mistake is the value a typical slip produces, with the words the learner sees.
 """
 from gpulab import arith, pipeline
-from gpulab.checks import Item, Mistake
-from gpulab.variants import Param, canonical
+from gpulab.course.checks import Item, Mistake
+from gpulab.course.variants import Param, canonical
 
 # The numbers stated in the questions (solutions/07_input_pipeline, "Quiz" sections); seconds.
 # Those in PARAMS are canonical values (in ms, µs or s as the questions state them): a graded
-# release with a course seed draws others for each student (gpulab.variants). The rest are the
+# release with a course seed draws others for each student (gpulab.course.variants). The rest are the
 # same for everyone (FIXED says why).
 BOUND_LOAD, BOUND_WORKERS, BOUND_COPY, BOUND_COMPUTE = 0.120, 2, 0.005, 0.050   # Quiz 5
 SMS = 132                                                        # H100 SXM, Quiz 10

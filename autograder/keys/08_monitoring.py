@@ -6,15 +6,16 @@ state; each mistake is the value a typical slip produces, with the words the lea
 """
 import math
 
-from gpulab import failures, monitor
-from gpulab.checks import Item, Mistake
-from gpulab.variants import Param, canonical
+from gpulab.course.checks import Item, Mistake
+from gpulab.course.variants import Param, canonical
+from gpulab.device import health
+from gpulab.monitoring import failures, monitor
 
 GiB, MiB = 2**30, 2**20
 
 # The numbers stated in the questions (solutions/08_monitoring, "Quiz" sections). Those in
 # PARAMS are canonical values: a graded release with a course seed draws others for each student
-# (gpulab.variants). The rest are the same for everyone (FIXED says why).
+# (gpulab.course.variants). The rest are the same for everyone (FIXED says why).
 SMI_TOTAL_MIB = 81559                                         # Quiz 1: an H100 80GB, nvidia-smi's MiB
 READ_MASK = 0x24                                              # Quiz 5
 FRAG_REQUEST, FRAG_TOTAL, FRAG_FREE, FRAG_ALLOC, FRAG_UNALLOC = 3.00, 79.19, 0.90, 61.20, 14.85  # Quiz 7
@@ -47,7 +48,7 @@ THERMAL_SWAP = {
 
 
 def mask(situation: str, first: tuple, second: tuple) -> dict:
-    """Quiz 4: two clock-event reasons (nvml.h's bits, failures.CLOCK_EVENTS), each (bit, how a
+    """Quiz 4: two clock-event reasons (nvml.h's bits, health.CLOCK_EVENTS), each (bit, how a
     slip names it); the second is the one a learner may give alone."""
     return {"situation": situation, "first": first, "second": second}
 
@@ -146,7 +147,7 @@ FIXED = {
 
 
 def _names(mask: int) -> str:
-    return ", ".join(failures.decode_clock_events(mask))
+    return ", ".join(health.decode_clock_events(mask))
 
 
 def items(p: dict) -> list[Item]:

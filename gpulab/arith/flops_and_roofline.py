@@ -174,7 +174,7 @@ def training_days(n_params: float, n_tokens: float, n_gpus: int,
                   peak_flops_per_second: float, mfu: float) -> float:
     """Days to train: 6·N·D / (n_gpus · peak · MFU) / 86400.
 
-    ``peak_flops_per_second`` is one GPU's dense peak (``gpulab.hardware.peak_flops``) and
+    ``peak_flops_per_second`` is one GPU's dense peak (``gpulab.device.hardware.peak_flops``) and
     ``mfu`` the fraction of it the run sustains (0 < mfu <= 1; 0.3-0.5 is typical of large
     runs). Attention is left out, as in 6·N·D. Worked example (LLaMA, Touvron et al. 2023, §2.4):
     65.2B parameters on 1.4T tokens on 2048 A100-80GB at 380 tokens/s/GPU, "approximately

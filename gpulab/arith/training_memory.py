@@ -159,9 +159,9 @@ def predict_training_memory(config, batch_size: int, seq_len: int,
     """Bytes of one steady-state training step (the second: Adam's state exists) of
     ``gpulab.models.GPT(config)``, term by term. Chapter 02, "Where the peak sits".
 
-    Assumptions, as in ``gpulab.memory.train_step``: the whole model in ``dtype`` (float32 or
+    Assumptions, as in ``gpulab.measure.memory.train_step``: the whole model in ``dtype`` (float32 or
     bfloat16, no autocast), dropout 0, the logits dropped before backward, the optimizer built
-    with an explicit implementation (``gpulab.memory.make_optimizer``: "sgd", "adamw" = AdamW
+    with an explicit implementation (``gpulab.measure.memory.make_optimizer``: "sgd", "adamw" = AdamW
     foreach, "adamw_fused"). Symbols: b batch, s seq_len, h n_embd, a n_head, L n_layer,
     V vocab_size, T block_size, p bytes per value; S = b·s·h·p (one residual-stream tensor),
     Z = b·a·s²·p (one tensor of attention scores), N = b·s·V·p (the logits).

@@ -22,6 +22,15 @@ One module per idea, in the order a learner meets them:
                                ``NVML_*`` statuses)
 - ``gpulab.device.preflight``  the doctor: ``Finding``, ``diagnose``, ``is_usable``,
                                ``render_report``, ``doctor``
+- ``gpulab.device.health``     what the driver says of a GPU's health: clock-event bits, power,
+                               ECC, row remapping, kernels for this GPU (the doctor; chapter 08)
+- ``gpulab.device.hardware``   datasheet figures of A100/H100/H200, each row with its sources
+- ``gpulab.device.sampler``    the background thread the course's NVML samplers share
+- ``gpulab.device.footprint``  a learner's real GPU footprint from NVML, summed over their
+                               processes (``make gpu-check``, ``make workshop-check``)
+
+``health``, ``hardware``, ``sampler`` and ``footprint`` are imported as modules
+(``from gpulab.device import hardware``).
 
 Every name is offered here too, so a notebook writes ``from gpulab.device import best_device``
 whichever module holds it. To replace a function in a test, patch it in the module that holds

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gpulab.monitor import GPUHealth, read_health
+from gpulab.device.health import GPUHealth, read_health
 
 @dataclass
 class TorchGPU:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from gpulab.device.choosing import GiB, LEARNER_BUDGET_BYTES, MIN_FREE_FRACTION
 from gpulab.device.facts import (NVML_INIT_FAILED, NVML_NO_LIBRARY, NVML_NOT_INSTALLED, NVML_OK,
                                  DeviceFacts, NvmlGPU, TorchGPU, collect_facts)
-from gpulab.failures import kernel_image_available, slowdowns
+from gpulab.device.health import kernel_image_available, slowdowns
 
 # ----------------------------------------------------------------------------- judgement
 

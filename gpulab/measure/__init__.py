@@ -5,8 +5,9 @@ One module per idea, in the order the chapters meet them:
 - ``gpulab.measure.timing``          chapter 01: ``time_fn`` (warm-up, CUDA events, median) and
                                      its ``Timing``, ``synchronize``, host-to-device copies
                                      (``host_copy_bandwidth``), ``allocated_bytes``
-- ``gpulab.memory``                  chapter 02: peak memory (``peak_memory``,
-                                     ``training_step_peak``, ``MemoryPeak``), re-exported here
+- ``gpulab.measure.memory``          chapter 02: peak memory (``peak_memory``,
+                                     ``training_step_peak``, ``MemoryPeak``), the storage tracker
+                                     behind it (it counts like the CUDA caching allocator)
 - ``gpulab.measure.throughput``      chapter 03: matmul and elementwise throughput (the two roofs
                                      of the roofline), ``launch_overhead``
 - ``gpulab.measure.attention``       chapter 03: naive vs fused attention, timed
@@ -23,12 +24,12 @@ from gpulab.measure.timing import (CopyBandwidth, Timing, allocated_bytes, host_
                                    synchronize, time_fn)
 
 # Peak memory (chapter 02). The storage tracker, the CUDA allocator path and the GPT training
-# step live in gpulab.memory; these are the names the notebooks use:
+# step live in gpulab.measure.memory; these are the names the notebooks use:
 #   peak_memory(fn, device=None, *, model=None, optimizer=None, inputs=()) -> MemoryPeak
 #   training_step_peak(config, batch_size, seq_len, dtype, optimizer,
 #                      checkpointing=False | True | k, device=None, fake=False,
 #                      micro_batches=1) -> MemoryPeak   (.peak in bytes)
-from gpulab.memory import MemoryPeak, peak_memory, training_step_peak
+from gpulab.measure.memory import MemoryPeak, peak_memory, training_step_peak
 
 from gpulab.measure.throughput import (LaunchOverhead, Throughput, elementwise_throughput,
                                        launch_overhead, matmul_throughput)
@@ -40,7 +41,7 @@ __all__ = [
     # timing (chapter 01)
     "Timing", "synchronize", "time_fn", "CopyBandwidth", "host_copy_bandwidth",
     "allocated_bytes",
-    # peak memory (chapter 02, from gpulab.memory)
+    # peak memory (chapter 02, from gpulab.measure.memory)
     "MemoryPeak", "peak_memory", "training_step_peak",
     # throughput (chapter 03)
     "Throughput", "matmul_throughput", "elementwise_throughput", "LaunchOverhead",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpulab.memory import allocation
+from gpulab.measure.memory import allocation
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import torch
 
 from gpulab import arith
 from gpulab.device import best_device
+from gpulab.measure.memory import make_optimizer, train_step
 from gpulab.measure.throughput import _float_dtype, _label
 from gpulab.measure.timing import Timing, time_fn
-from gpulab.memory import make_optimizer, train_step
 from gpulab.models import GPT, GPTConfig
 
 
@@ -23,7 +23,7 @@ def training_step_timing(config: GPTConfig | None = None, batch_size: int = 8,
                          checkpointing: bool | int = False, device=None, steps: int = 3,
                          micro_batches: int = 1) -> Timing:
     """Time full training steps of ``GPT(config, checkpointing=...)``: warm-up steps, then
-    ``steps`` timed ones (``gpulab.memory.train_step``, with ``micro_batches`` > 1 for gradient
+    ``steps`` timed ones (``gpulab.measure.memory.train_step``, with ``micro_batches`` > 1 for gradient
     accumulation). Returns the ``Timing``; look at its spread before trusting the median on a
     busy CPU. Chapter 05, "What recomputation costs".
 
@@ -72,7 +72,7 @@ def training_step_throughput(config: GPTConfig | None = None, batch_size: int = 
     """Tokens per second and FLOP/s of full training steps of ``GPT(config)``.
 
     Warm-up steps (one on a CPU, two on a GPU: ``training_step_timing`` says why), then
-    ``steps`` timed steps (``gpulab.memory.train_step``: forward, backward, optimizer step, zero
+    ``steps`` timed steps (``gpulab.measure.memory.train_step``: forward, backward, optimizer step, zero
     grads; the model built in ``dtype``). Returns a dict:
 
     - ``seconds_per_step``: the median step; ``tokens_per_step`` = batch_size · seq_len

@@ -18,6 +18,10 @@ One module per idea, in the order the chapter meets them:
                                     ``shutdown``)
 - ``gpulab.pipeline.copy_overlap``  section 3: a pinned copy on a second stream beside the
                                     compute, measured on a GPU (``copy_compute_overlap``)
+- ``gpulab.pipeline.trace``         section 5: reading a torch.profiler trace (idle share, top
+                                    ops, launch overhead); import it as a module
+- ``gpulab.pipeline.utilisation``   section 5: NVML utilisation sampled during a run, and its CPU
+                                    analogue; import it as a module
 - ``gpulab.pipeline.ladder``        section 7: the capstone ladder (``Rung``, ``run_rung``)
 
 Every name is offered here too, so a notebook writes ``pipeline.step_seconds`` whichever module

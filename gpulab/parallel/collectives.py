@@ -1,6 +1,6 @@
 """The collectives data parallelism is built from, run on real processes (chapter 06).
 
-Each function here is a *worker*: ``gpulab.dist.launch(worker, n_ranks)`` runs it as
+Each function here is a *worker*: ``gpulab.parallel.dist.launch(worker, n_ranks)`` runs it as
 ``worker(rank, world_size)`` in every process of a fresh process group (gloo on CPUs, NCCL on
 GPUs) and returns what each rank returned. They live in a module, not in the notebook, because
 a spawned process imports its worker by name.
@@ -17,8 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from gpulab.dist import worker_device
 from gpulab.measure import synchronize
+from gpulab.parallel.dist import worker_device
 
 # torch 2.13 renamed the tensor forms of all-gather and reduce-scatter (same arguments); older
 # versions have only the old names.

@@ -8,7 +8,7 @@ into a bucket), or lets ``DistributedDataParallel`` do it, which buckets the gra
 starts each bucket's all-reduce while backward is still computing the rest (Li et al. 2020,
 "PyTorch Distributed", VLDB).
 
-The functions named as workers run inside ``gpulab.dist.launch``; ``train_one_process`` is the
+The functions named as workers run inside ``gpulab.parallel.dist.launch``; ``train_one_process`` is the
 reference without any parallelism, for the same global batches.
 """
 
@@ -23,9 +23,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from gpulab.dist import worker_device, worker_mesh
 from gpulab.measure import synchronize
 from gpulab.models import GPT, GPTConfig
+from gpulab.parallel.dist import worker_device, worker_mesh
 from gpulab.precision import sample_batch, text_corpus
 
 # A 2-layer byte-level GPT: small enough for 2 CPU processes to train in seconds.

@@ -2,9 +2,9 @@
 
 Each function here answers one question a person asks in front of a failed or slow run:
 
-- *Why is the GPU slow?* ``decode_clock_events`` reads NVML's clock-event (throttle) bitmask with
-  pynvml's own constants; ``XID`` and ``DCGM_DIAG_LEVELS`` name what the driver's log and
-  NVIDIA's diagnostics report.
+- *Why is the GPU slow, or broken?* ``XID`` and ``DCGM_DIAG_LEVELS`` name what the driver's log and
+  NVIDIA's diagnostics report. (The clock-event bits, ECC and row remapping, read from the driver
+  and judged by the doctor as well, are in ``gpulab.device.health``.)
 - *How often should I checkpoint?* ``cluster_mtbf``, ``young_interval``, ``daly_interval``,
   ``waste_fraction``, ``max_interval_for_loss`` and the Monte Carlo ``simulate_waste`` that
   checks them.
@@ -12,8 +12,8 @@ Each function here answers one question a person asks in front of a failed or sl
   its numbers (the format of c10/cuda/CUDACachingAllocator.cpp), ``parse_oom`` reads one back,
   ``oom_fix`` names the fix; ``parse_cpu_oom`` reads the CPU allocator's message.
 - *Why did CUDA raise at the wrong line?* ``cuda_error_message`` writes the text of a CUDA error as
-  c10/cuda/CUDAException.cpp composes it; ``kernel_image_available`` says whether a torch build
-  has kernels for a GPU ("no kernel image is available for execution on the device").
+  c10/cuda/CUDAException.cpp composes it. (Whether a torch build has kernels for a GPU, "no kernel
+  image is available", is ``gpulab.device.health.kernel_image_available``.)
 - *When did my loss go bad?* ``first_nonfinite`` and ``steps_to_overflow``.
 - *Will my DataLoader's workers fit in /dev/shm?* ``shm_bytes_needed``.
 - *What does a hung collective look like?* ``missing_rank`` makes one, for real, on a CPU.
@@ -27,59 +27,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-
-import pynvml  # nvidia-ml-py: only its constants are used here, so no driver is needed
-
-# ----------------------------------------------------------------------------- clock events
-
-#: NVML's clock-event reasons: (bit, pynvml constant, what it means, is it a slowdown the job
-#: suffers from). The bits are ``nvmlClocksEventReason*`` in nvml.h, as pynvml defines them; the
-#: meanings paraphrase the NVML API reference, "Clock Event Reasons"
-#: (docs.nvidia.com/deploy/nvml-api, ``nvmlDeviceGetCurrentClocksEventReasons``). NVML renamed
-#: "throttle reasons" to "clock event reasons" in driver 535; the bits did not change.
-CLOCK_EVENTS = [
-    (pynvml.nvmlClocksEventReasonGpuIdle, "GpuIdle",
-     "nothing is running, so the clocks are low", False),
-    (pynvml.nvmlClocksEventReasonApplicationsClocksSetting, "ApplicationsClocksSetting",
-     "clocks held at the application clocks someone set (nvidia-smi -ac)", False),
-    (pynvml.nvmlClocksEventReasonSwPowerCap, "SwPowerCap",
-     "the power draw reached the power limit: the driver lowers clocks to stay under it", True),
-    (pynvml.nvmlClocksEventReasonHwSlowdown, "HwSlowdown",
-     "hardware slowdown (temperature, power brake or a power-supply signal): clocks cut hard",
-     True),
-    (pynvml.nvmlClocksEventReasonSyncBoost, "SyncBoost",
-     "held to the clocks of the other GPUs in its sync-boost group", False),
-    (pynvml.nvmlClocksEventReasonSwThermalSlowdown, "SwThermalSlowdown",
-     "the GPU or its memory is too hot: the driver lowers clocks", True),
-    (pynvml.nvmlClocksEventReasonHwThermalSlowdown, "HwThermalSlowdown",
-     "temperature past the hardware limit: clocks cut by the hardware", True),
-    (pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown, "HwPowerBrakeSlowdown",
-     "an external power brake (the chassis or power supply asked for less)", True),
-    (pynvml.nvmlClocksEventReasonDisplayClockSetting, "DisplayClockSetting",
-     "held to the display clock setting", False),
-]
-
-
-def decode_clock_events(mask: int) -> list[str]:
-    """The names of the reasons set in an ``nvmlDeviceGetCurrentClocksEventReasons`` bitmask,
-    in bit order; bits NVML's table does not know are named ``unknown(0x...)``. ``0`` means no
-    reason: the clocks run as high as the GPU allows."""
-    names = [name for bit, name, _, _ in CLOCK_EVENTS if mask & bit]
-    unknown = mask & ~sum(bit for bit, *_ in CLOCK_EVENTS)
-    return names + ([f"unknown({unknown:#x})"] if unknown else [])
-
-
-def slowdowns(mask: int) -> list[str]:
-    """Only the reasons that slow a running job: power and thermal limits, hardware brakes."""
-    return [name for bit, name, _, slows in CLOCK_EVENTS if slows and mask & bit]
-
-
-def explain_clock_events(mask: int) -> str:
-    """One line per reason set, in plain words."""
-    if not mask:
-        return "0x0: no reason, the clocks run as high as the GPU allows"
-    return "\n".join(f"{bit:#06x} {name}: {says}" for bit, name, says, _ in CLOCK_EVENTS
-                     if mask & bit) or f"{mask:#x}: bits unknown to this table"
 
 
 # ----------------------------------------------------------------------------- Xid and DCGM
@@ -337,33 +284,6 @@ def cuda_error_message(error_name: str, launch_blocking: bool = False) -> str:
         lines.append("For more detailed error information, run with CUDA_LOG_FILE=stderr")
     lines.append("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
     return "\n".join(lines)
-
-
-def kernel_image_available(arch_list: list[str], capability: tuple[int, int]) -> tuple[bool, str]:
-    """Can a torch build whose ``torch.cuda.get_arch_list()`` is ``arch_list`` run kernels on a
-    GPU of compute ``capability``? Rules of the CUDA C++ Programming Guide ("Binary
-    Compatibility", "PTX Compatibility"): machine code built for sm_XY runs on capability X.Z for
-    Z ≥ Y (same major version only; the ``a`` variants such as sm_90a only on X.Y itself); PTX
-    built for compute_XY is compiled by the driver for any capability ≥ X.Y. Returns (yes or no,
-    why)."""
-    major, minor = capability
-    want = f"sm_{major}{minor}"
-    for arch in arch_list:
-        kind, _, digits = arch.partition("_")
-        exact_only = digits.endswith(("a", "f"))
-        digits = digits.rstrip("af")
-        if not digits.isdigit():
-            continue
-        a_major, a_minor = int(digits[:-1]), int(digits[-1])
-        if kind == "sm" and a_major == major and (a_minor == minor or
-                                                  (a_minor < minor and not exact_only)):
-            return True, f"{arch} machine code runs on {want}"
-        if kind == "compute" and (a_major, a_minor) <= (major, minor):
-            return True, f"{arch} PTX is compiled by the driver for {want} (slow first start)"
-    if not arch_list:
-        return False, "this torch has no CUDA kernels at all (a CPU-only build)"
-    return False, (f"no kernels for {want}: this torch was built for {' '.join(arch_list)}; "
-                   "install a torch build that lists your GPU's architecture")
 
 
 # ----------------------------------------------------------------------------- a hung collective

@@ -10,8 +10,8 @@
     with MySampler(interval=0.1) as sampler:
         ...                              # the work being watched
 
-Used by ``gpulab.footprint.FootprintSampler`` (a learner's GPU memory, ``make gpu-check``),
-``gpulab.utilisation.UtilisationSampler`` (chapter 07) and ``gpulab.monitor.Monitor``
+Used by ``gpulab.device.footprint.FootprintSampler`` (a learner's GPU memory, ``make gpu-check``),
+``gpulab.pipeline.utilisation.UtilisationSampler`` (chapter 07) and ``gpulab.monitoring.monitor.Monitor``
 (chapter 08). A thread is enough: NVML and psutil calls spend their time outside Python's lock.
 """
 

@@ -13,7 +13,7 @@ for notebooks, where a rank that raises, dies or hangs must end the run with a L
 it, not leave its peers blocked in a collective and the notebook hung, nor outlive the call.
 
 Ranks are fresh "spawn" processes that import ``worker`` by name: a top-level function of a
-module (e.g. ``gpulab.collectives``), not of a notebook cell. Results travel back pickled, so
+module (e.g. ``gpulab.parallel.collectives``), not of a notebook cell. Results travel back pickled, so
 workers return Python values or CPU tensors (``.cpu()``).
 """
 
@@ -135,7 +135,7 @@ def _check_importable(worker) -> None:
         raise ValueError(
             f"launch cannot pass {worker!r} to its processes: they import it by name, so it must "
             "be a top-level def of a module, not a lambda, a nested function or a notebook cell's "
-            "function. Put it in a module (e.g. gpulab.collectives, or a .py file next to the "
+            "function. Put it in a module (e.g. gpulab.parallel.collectives, or a .py file next to the "
             "notebook), import it, and pass that.")
 
 

@@ -5,7 +5,7 @@ weights, gradients and optimizer state (``arith.model_state_bytes``), sharded by
 activations saved for backward (``arith.activation_bytes_per_layer``). ``memory_calculator``
 wraps it in sliders and a stacked bar against common card sizes::
 
-    from gpulab import widgets
+    from gpulab.course import widgets
     widgets.estimate_memory(n_params=6.74e9, n_layer=32, hidden=4096, heads=32,
                             seq_len=4096, micro_batch=1, checkpointing="selective")
     widgets.memory_calculator()          # in a notebook cell
@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import ipywidgets as w
 from matplotlib.figure import Figure
 
-from gpulab import arith, plots
+from gpulab import arith
 from gpulab.arith import ZERO_STAGES, check_positive_integers, gpt_param_count, zero_sharded
+from gpulab.course import plots
 
 CHECKPOINTING = ("none", "selective", "full")  # -> arith.activation_bytes_per_layer(recompute=...)
 

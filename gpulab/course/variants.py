@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.checks import display_bundle
+from gpulab.course.checks import display_bundle
 
 VARIANTS_FILE = "variants.json"      # beside a graded notebook: seed, parameters, question texts
 STUDENT_FILE = ".gpulab-student"     # beside it: the id a student typed, asked once
@@ -121,7 +121,7 @@ def add_question_cells(notebook: Path, module, seed: str, chapter: str) -> bool:
         raise ValueError(f"{notebook.name}: no question cells {sorted(missing)}")
     for index, cell in enumerate(nb.cells):
         if cell.get("id") in module.QUESTIONS:
-            shown = nbformat.v4.new_code_cell(f'from gpulab.variants import question; question("{cell.id}")')
+            shown = nbformat.v4.new_code_cell(f'from gpulab.course.variants import question; question("{cell.id}")')
             shown.id = f"question-{cell.id}"[:64]
             shown.metadata = {"gpulab": {"question": cell.id}, "jupyter": {"source_hidden": True}}
             shown.outputs = [question_output("▶ *Run this cell: it shows this quiz with your own numbers.*")]
@@ -175,7 +175,7 @@ def question(cell_id: str) -> None:
     student = student_id()
     if student is None:
         _show("*This quiz has numbers of your own. Tell it who you are, once: run "
-              "`from gpulab.variants import set_student; set_student(\"your id\")`, then this cell again.*")
+              "`from gpulab.course.variants import set_student; set_student(\"your id\")`, then this cell again.*")
         return
     params = {name: Param(values[0], tuple(values)) for name, values in data["params"].items()}
     values = draw(params, data["seed"], student, data["chapter"])

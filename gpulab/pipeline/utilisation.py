@@ -7,8 +7,8 @@ what ``nvidia-smi`` prints as GPU-Util and ``torch.cuda.utilization()`` returns.
 not work: one kernel running on one of an H100's 132 SMs reads 100%. MFU (``gpulab.arith.mfu``)
 counts work: the model's FLOPs per second over the peak. A GPU can read 100% busy at 1% MFU.
 
-``UtilisationSampler`` polls NVML in a background thread (``gpulab.sampler.BackgroundSampler``,
-as ``gpulab.footprint.FootprintSampler`` does) for utilisation, memory used, power and the SM clock.
+``UtilisationSampler`` polls NVML in a background thread (``gpulab.device.sampler.BackgroundSampler``,
+as ``gpulab.device.footprint.FootprintSampler`` does) for utilisation, memory used, power and the SM clock.
 Without a GPU it samples nothing and says so. ``cpu_busy`` is the CPU analogue: the share of
 wall-clock time this process kept a core busy (process CPU time / wall time), which, like GPU
 utilisation, says nothing about how much arithmetic those cores did.
@@ -20,7 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from gpulab.sampler import BackgroundSampler
+from gpulab.device.sampler import BackgroundSampler
 
 
 @dataclass

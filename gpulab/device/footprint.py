@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from gpulab.sampler import BackgroundSampler
+from gpulab.device.sampler import BackgroundSampler
 
 
 def process_tree(root: int) -> set[int]:

@@ -58,8 +58,8 @@ def by_size(sizes: list[float], series: dict[str, list[float]], xlabel: str, yla
 
 
 # Labelled capacities of common cards, decimal GB (the vendor's "80 GB" = 80 * 10**9 bytes; the
-# datacenter rows match gpulab.hardware.GPUS). What a training process can use is less: see the
-# memory_bytes note in gpulab.hardware. Chapter 02, "VRAM arithmetic".
+# datacenter rows match gpulab.device.hardware.GPUS). What a training process can use is less: see the
+# memory_bytes note in gpulab.device.hardware. Chapter 02, "VRAM arithmetic".
 CARDS_GB: dict[str, float] = {
     "24 GB (e.g. RTX 4090, L4)": 24,
     "40 GB (A100 40GB)": 40,

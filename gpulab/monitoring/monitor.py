@@ -25,8 +25,8 @@ Two limits belong beside every trace: a phase shorter than the interval can fall
 samples, and NVML's utilisation is itself an average over the driver's own sample period
 (1/6 s to 1 s, ``nvmlUtilization_t``), so a sample describes the recent past, not the instant.
 
-``read_health`` reads once what the doctor judges before a run (clocks, power cap, clock-event
-reasons, temperatures, ECC), with the same never-raise rule.
+What the doctor judges once before a run (clocks, power cap, clock-event reasons, temperatures,
+ECC) is ``gpulab.device.health.read_health``, read with the same never-raise rule.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from gpulab.sampler import BackgroundSampler
+from gpulab.device.health import ask, clock_events
+from gpulab.device.sampler import BackgroundSampler
 
 GPU_SERIES = ("util_percent", "memory_used_bytes", "power_watts", "temperature_c",
               "sm_clock_mhz", "clock_events", "energy_mj")
@@ -109,103 +110,25 @@ class Trace:
 
 # ----------------------------------------------------------------------------- NVML reads
 
-def _ask(query, *args):
-    """One optional NVML (or psutil) query: None where this GPU or driver does not support it."""
-    try:
-        return query(*args)
-    except Exception:  # noqa: BLE001 (NVMLError_NotSupported, an old driver's missing symbol...)
-        return None
-
-
-def clock_events(nvml, handle) -> int | None:
-    """The clock-event bitmask; drivers older than 535 only have the old name of the call."""
-    for name in ("nvmlDeviceGetCurrentClocksEventReasons",
-                 "nvmlDeviceGetCurrentClocksThrottleReasons"):
-        if hasattr(nvml, name) and (mask := _ask(getattr(nvml, name), handle)) is not None:
-            return int(mask)
-    return None
-
 
 def read_gpu_sample(nvml, handle) -> dict[str, float]:
     """One reading of every series in GPU_SERIES that this GPU supports."""
-    rates = _ask(getattr(nvml, "nvmlDeviceGetUtilizationRates", None), handle)
-    memory = _ask(getattr(nvml, "nvmlDeviceGetMemoryInfo", None), handle)
-    power = _ask(getattr(nvml, "nvmlDeviceGetPowerUsage", None), handle)       # milliwatts
+    rates = ask(getattr(nvml, "nvmlDeviceGetUtilizationRates", None), handle)
+    memory = ask(getattr(nvml, "nvmlDeviceGetMemoryInfo", None), handle)
+    power = ask(getattr(nvml, "nvmlDeviceGetPowerUsage", None), handle)       # milliwatts
     values = {
         "util_percent": None if rates is None else rates.gpu,
         "memory_used_bytes": None if memory is None else memory.used,
         "power_watts": None if power is None else power / 1e3,
-        "temperature_c": _ask(getattr(nvml, "nvmlDeviceGetTemperature", None), handle,
+        "temperature_c": ask(getattr(nvml, "nvmlDeviceGetTemperature", None), handle,
                               getattr(nvml, "NVML_TEMPERATURE_GPU", 0)),
-        "sm_clock_mhz": _ask(getattr(nvml, "nvmlDeviceGetClockInfo", None), handle,
+        "sm_clock_mhz": ask(getattr(nvml, "nvmlDeviceGetClockInfo", None), handle,
                              getattr(nvml, "NVML_CLOCK_SM", 1)),
         "clock_events": clock_events(nvml, handle),
-        "energy_mj": _ask(getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None), handle),
+        "energy_mj": ask(getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None), handle),
     }
     return {k: float(v) for k, v in values.items() if v is not None}
 
-
-@dataclass
-class GPUHealth:
-    """What the driver says about one GPU before a run; None where it does not say."""
-
-    sm_clock_mhz: float | None = None
-    max_sm_clock_mhz: float | None = None
-    power_watts: float | None = None
-    power_limit_watts: float | None = None          # enforced now
-    default_power_limit_watts: float | None = None  # as shipped
-    temperature_c: float | None = None
-    slowdown_temperature_c: float | None = None
-    clock_events: int | None = None
-    ecc_enabled: bool | None = None
-    ecc_uncorrected_volatile: int | None = None     # since the last driver load / reset
-    ecc_corrected_volatile: int | None = None
-    retired_pages_pending: bool | None = None       # pre-Ampere: page retirement
-    row_remap_pending: bool | None = None           # Ampere and newer: row remapping
-    row_remap_failed: bool | None = None
-    persistence_mode: bool | None = None
-    mig_enabled: bool | None = None
-
-
-def read_health(nvml, handle) -> GPUHealth:
-    """Read a GPUHealth; every query optional (``_ask``), so an old driver or a consumer GPU
-    without ECC gives Nones, never an exception. Sources: NVML API reference, "Device Queries"
-    (clocks, power, temperature thresholds, ECC counters, ``nvmlDeviceGetRemappedRows``)."""
-    h = GPUHealth()
-    sm = getattr(nvml, "NVML_CLOCK_SM", 1)
-    h.sm_clock_mhz = _ask(getattr(nvml, "nvmlDeviceGetClockInfo", None), handle, sm)
-    h.max_sm_clock_mhz = _ask(getattr(nvml, "nvmlDeviceGetMaxClockInfo", None), handle, sm)
-    for attr, query in (("power_watts", "nvmlDeviceGetPowerUsage"),
-                        ("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit"),
-                        ("default_power_limit_watts", "nvmlDeviceGetPowerManagementDefaultLimit")):
-        milliwatts = _ask(getattr(nvml, query, None), handle)
-        setattr(h, attr, None if milliwatts is None else milliwatts / 1e3)
-    h.temperature_c = _ask(getattr(nvml, "nvmlDeviceGetTemperature", None), handle,
-                           getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
-    h.slowdown_temperature_c = _ask(getattr(nvml, "nvmlDeviceGetTemperatureThreshold", None),
-                                    handle, getattr(nvml, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1))
-    h.clock_events = clock_events(nvml, handle)
-    ecc = _ask(getattr(nvml, "nvmlDeviceGetEccMode", None), handle)        # [current, pending]
-    h.ecc_enabled = None if ecc is None else bool(ecc[0])
-    if h.ecc_enabled:
-        errors = getattr(nvml, "nvmlDeviceGetTotalEccErrors", None)
-        volatile = getattr(nvml, "NVML_VOLATILE_ECC", 0)
-        h.ecc_uncorrected_volatile = _ask(errors, handle,
-                                          getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
-                                          volatile)
-        h.ecc_corrected_volatile = _ask(errors, handle,
-                                        getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0),
-                                        volatile)
-    pending = _ask(getattr(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", None), handle)
-    h.retired_pages_pending = None if pending is None else bool(pending)
-    remapped = _ask(getattr(nvml, "nvmlDeviceGetRemappedRows", None), handle)
-    if remapped is not None:       # (corrected rows, uncorrected rows, pending, failure)
-        h.row_remap_pending, h.row_remap_failed = bool(remapped[2]), bool(remapped[3])
-    persistence = _ask(getattr(nvml, "nvmlDeviceGetPersistenceMode", None), handle)
-    h.persistence_mode = None if persistence is None else bool(persistence)
-    mig = _ask(getattr(nvml, "nvmlDeviceGetMigMode", None), handle)       # [current, pending]
-    h.mig_enabled = None if mig is None else bool(mig[0])
-    return h
 
 
 # ----------------------------------------------------------------------------- the monitor
@@ -267,7 +190,7 @@ class Monitor(BackgroundSampler):
         self.trace.source = "this process's CPU and memory (psutil), not a GPU"
         self.trace.note = why
 
-    # -- lifecycle (gpulab.sampler.BackgroundSampler runs the thread)
+    # -- lifecycle (gpulab.device.sampler.BackgroundSampler runs the thread)
 
     def _open(self) -> bool:
         why_not = self._open_gpu()
@@ -280,7 +203,7 @@ class Monitor(BackgroundSampler):
     def _close(self) -> None:
         self.sample()                              # the end of the run counts too
         if self._nvml is not None:
-            _ask(self._nvml.nvmlShutdown)
+            ask(self._nvml.nvmlShutdown)
 
     def stop(self) -> Trace:
         super().stop()

@@ -3,7 +3,7 @@
 Notebooks use it to put the vendor's numbers next to what the learner measures::
 
     import torch
-    from gpulab import hardware
+    from gpulab.device import hardware
     spec = hardware.lookup(torch.cuda.get_device_name())   # None if the GPU is not in the table
     spec.bf16_flops / spec.memory_bandwidth                 # critical arithmetic intensity, FLOPs/byte
 

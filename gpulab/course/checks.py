@@ -98,7 +98,7 @@ def chapter_of(item_id: str) -> str:
 
 def import_key(path: Path):
     """Import an instructor key file as a module (its list ``ITEMS``; for a chapter with
-    per-student numbers also ``PARAMS``, ``QUESTIONS`` and ``items(values)``: gpulab.variants)."""
+    per-student numbers also ``PARAMS``, ``QUESTIONS`` and ``items(values)``: gpulab.course.variants)."""
     spec = importlib.util.spec_from_file_location(f"gpulab_key_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
