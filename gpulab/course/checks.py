@@ -45,6 +45,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulab.course.diagnosis import diagnose, percent, unit_kind  # noqa: F401 (re-exported)
+
 KEYS_ENV = "GPULAB_ANSWER_KEYS"
 STRICT_ENV = "GPULAB_STRICT_CHECKS"
 SELFCHECK_FILE = "selfcheck.dat"
@@ -228,66 +230,8 @@ def _finite(x: float, item: Item) -> float:
     return x
 
 
-def percent(rel_tol: float) -> str:
-    """A relative tolerance in percent with its significant digits: 0.005 -> '0.5%',
-    0.0002 -> '0.02%', 0.1 -> '10%' (a fixed one decimal would print 0.0002 as '0.0%')."""
-    pct = rel_tol * 100
-    if pct >= 1:
-        return f"{pct:.3g}%"
-    decimals = 1 - math.floor(math.log10(pct))          # two significant digits
-    return f"{pct:.{decimals}f}".rstrip("0").rstrip(".") + "%"
-
-
 def _close(a: float, b: float, item: Item) -> bool:
     return math.isclose(a, b, rel_tol=max(item.rel_tol, 1e-9), abs_tol=item.abs_tol)
-
-
-# Ratios (your answer / the right one) that usually mean one specific slip.
-_TELLTALE_RATIOS = [
-    (8, "8x too large: did you count bits instead of bytes?"),
-    (1 / 8, "8x too small: did you count bytes where bits were asked, or divide by 8 twice?"),
-    (2**30 / 1e9, "about 7% too large: did you divide by 10^9 (GB) where GiB (2^30 bytes) was asked?"),
-    (1e9 / 2**30, "about 7% too small: did you divide by 2^30 (GiB) where GB (10^9 bytes) was asked?"),
-    (2**20 / 1e6, "about 5% too large: did you divide by 10^6 (MB) where MiB (2^20 bytes) was asked?"),
-    (1e6 / 2**20, "about 5% too small: did you divide by 2^20 (MiB) where MB (10^6 bytes) was asked?"),
-    (2**40 / 1e12, "about 10% too large: TB (10^12) used where TiB (2^40 bytes) was asked?"),
-    (1e12 / 2**40, "about 10% too small: TiB (2^40) used where TB (10^12 bytes) was asked?"),
-    (1000, "1000x too large: check the unit prefix (ms vs s, MB vs GB, k vs M)."),
-    (1 / 1000, "1000x too small: check the unit prefix (s vs ms, GB vs MB, M vs k)."),
-    (1e6, "a million times too large: check the unit (µs vs s, bytes vs MB?)."),
-    (1e-6, "a million times too small: check the unit (s vs µs, MB vs bytes?)."),
-    (1e9, "a billion times too large: bytes given where GB were asked?"),
-    (1e-9, "a billion times too small: GB given where bytes were asked?"),
-    (1024, "1024x too large: one binary prefix step off (KiB, MiB, GiB)?"),
-    (1 / 1024, "1024x too small: one binary prefix step off (KiB, MiB, GiB)?"),
-    (2, "2x too large: a factor of two slipped in (2 bytes vs 4? both directions?)."),
-    (1 / 2, "2x too small: a factor of two is missing (2 bytes vs 4? both directions?)."),
-    (4, "4x too large: bytes per value off (4 for fp32, 2 for bf16/fp16, 1 for fp8)?"),
-    (1 / 4, "4x too small: bytes per value off (4 for fp32, 2 for bf16/fp16, 1 for fp8)?"),
-]
-
-
-def diagnose(answer: float, item: Item) -> str:
-    """The likely mistake behind a wrong numeric answer, in words (no expected value shown)."""
-    for mistake in item.mistakes:
-        if _close(answer, mistake.value, item) or math.isclose(answer, mistake.value, rel_tol=1e-6):
-            return mistake.says
-    expected = float(item.value)
-    if expected != 0 and answer != 0:
-        if (answer < 0) != (expected < 0):
-            return "the sign is wrong."
-        ratio = answer / expected
-        for telltale, says in _TELLTALE_RATIOS:
-            if math.isclose(ratio, telltale, rel_tol=0.003):
-                return says
-        if 0.5 < ratio < 2:
-            direction = "too large" if ratio > 1 else "too small"
-            allowed = "the exact value" if item.rel_tol <= 1e-9 else f"within {percent(item.rel_tol)}"
-            return f"close, but {direction}; this item needs {allowed}. Recheck each factor."
-        magnitude = abs(math.log10(abs(ratio)))
-        direction = "too large" if abs(ratio) > 1 else "too small"
-        return f"{direction}, by {'more than 10x' if magnitude > 1 else 'between 2x and 10x'}. Recheck the formula and the units."
-    return "not right. Recheck the formula and the units."
 
 
 def judge(item: Item, answer) -> str:
