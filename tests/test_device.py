@@ -7,6 +7,7 @@ No GPU needed.
 """
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from gpulab.device import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+MiB = 2**20
 A100 = "NVIDIA A100-SXM4-80GB"
 UUID = "5b6c1d2e-0000-1111-2222-333344445555"  # torch's spelling; NVML adds "GPU-"
 
@@ -206,6 +208,123 @@ def test_physical_gpu_follows_cuda_visible_devices(visible, torch_index, physica
 def test_physical_gpu_rejects_a_hidden_index(visible, torch_index):
     with pytest.raises(IndexError, match="does not exist"):
         physical_gpu(visible, torch_index)
+
+
+# CUDA_VISIBLE_DEVICES in every form CUDA accepts, on a modelled driver (tests/modelled_nvml):
+# GPU 0 and GPU 2 share their UUIDs' first 8 digits; GPU 1 is in MIG mode with two instances.
+H200 = 141 * 10**9
+MACHINE = [
+    {"uuid": "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", "minor": 0, "total": H200},
+    {"uuid": "GPU-5b6c1d2e-0000-1111-2222-333344445555", "minor": 1, "total": H200, "migs": [
+        {"uuid": "MIG-1c2d3e4f-aaaa-5bbb-8ccc-000000000001", "gi": 7, "ci": 0, "total": 17 * GiB},
+        {"uuid": "MIG-1c2d3e4f-aaaa-5bbb-8ccc-000000000002", "gi": 8, "ci": 0, "total": 17 * GiB}]},
+    {"uuid": "GPU-8932f937-ffff-4106-c12f-00000000aaaa", "minor": 2, "total": H200},
+]
+
+
+def modelled_pynvml(gpus=MACHINE):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "modelled_pynvml", REPO / "tests" / "modelled_nvml" / "pynvml.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.modelled(gpus)
+
+
+@pytest.mark.parametrize("visible, physical", [
+    ("2,1", [2, 1]),                                               # indices: no driver asked
+    ("0,2,-1,1", [0, 2]),                                          # cut at the first invalid
+    ("1gpu2,0", [1, 0]),                                           # an index is read like strtoul
+    ("GPU-5b6c1d2e-0000-1111-2222-333344445555", [1]),              # a full UUID
+    ("GPU-5b6c1d2e", [1]),                                         # abbreviated: unique prefix
+    ("gpu-5b6c1d2e,0", []),                                        # the prefix is GPU-, not gpu-
+    ("GPU-8932F937-D72C", [0]),                                    # hex digits in any case
+    ("GPU-8932f937,1", []),                                        # ambiguous: GPUs 0 and 2
+    ("GPU-8932f937-f,GPU-8932f937-d,1", [2, 0, 1]),                # mixed UUIDs and an index
+    ("0, GPU-5b6c1d2e ,GPU-00000000,2", [0, 1]),                   # cut at a UUID matching none
+    ("MIG-1c2d3e4f-aaaa-5bbb-8ccc-000000000002", [1]),             # a MIG instance: its GPU
+    ("MIG-1c2d3e4f-aaaa-5bbb-8ccc-000000000001,0", [1]),           # one MIG instance at most
+    ("MIG-GPU-5b6c1d2e-0000-1111-2222-333344445555/7/0", [1]),     # the R450/R460 form
+    ("MIG-1c2d3e4f-aaaa-5bbb-8ccc", []),                           # ambiguous between the two
+    ("GPU-5b6c1d2e,3,0", [1]),                                     # 3 is past the last GPU
+    ("", []), ("-1", []),
+])
+def test_visible_gpus_reads_every_form_cuda_accepts(visible, physical):
+    listed = choosing.visible_gpus(visible, nvml=modelled_pynvml())
+    assert [g.nvml_index for g in listed] == physical
+    for torch_index, gpu in enumerate(physical):
+        assert physical_gpu(visible, torch_index, nvml=modelled_pynvml()) == gpu
+
+
+def test_visible_gpus_names_the_devices_it_found():
+    gpu, = choosing.visible_gpus("GPU-5b6c1d2e", nvml=modelled_pynvml())
+    assert gpu.uuid == MACHINE[1]["uuid"] and gpu.mig_uuid is None
+    mig, = choosing.visible_gpus(MACHINE[1]["migs"][1]["uuid"], nvml=modelled_pynvml())
+    assert (mig.nvml_index, mig.uuid, mig.mig_uuid) == (1, MACHINE[1]["uuid"], MACHINE[1]["migs"][1]["uuid"])
+
+
+def test_a_uuid_without_a_driver_says_what_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)            # `import pynvml` fails
+    with pytest.raises(LookupError, match="NVML"):
+        physical_gpu("GPU-5b6c1d2e", 0)
+    assert physical_gpu("2,3", 1) == 3                         # indices need no driver
+
+
+def test_the_samplers_watch_the_gpu_behind_cuda0_in_every_form(monkeypatch):
+    from gpulab.monitoring.monitor import Monitor
+    from gpulab.pipeline.utilisation import UtilisationSampler
+    for visible, expected in [("GPU-5b6c1d2e", 1), ("MIG-1c2d3e4f-aaaa-5bbb-8ccc-000000000002", 1),
+                              ("2,0", 2)]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        sampler, watch = UtilisationSampler(nvml=modelled_pynvml()), Monitor(nvml=modelled_pynvml())
+        assert sampler._open() and watch._open_gpu() is None
+        assert sampler.index == watch.index == expected, visible
+    assert UtilisationSampler(3, nvml=modelled_pynvml()).index == 3     # an index given stays
+
+
+def test_a_footprint_counts_processes_on_mig_instances():
+    from gpulab.device import footprint
+    gpus = json.loads(json.dumps(MACHINE))
+    gpus[0]["processes"] = [{"pid": 10, "used": 300 * MiB}]
+    gpus[1]["migs"][1]["processes"] = [{"pid": 11, "used": 500 * MiB}]
+    assert footprint.gpu_processes(modelled_pynvml(gpus)) == [(0, 10, 300 * MiB), (1, 11, 500 * MiB)]
+
+
+# The chapters' first cells on a GPU server whose workshop hands out a UUID: torch is modelled
+# with one visible GPU (the real build here has no CUDA), NVML with MACHINE, and the learner's
+# GPU is the second one, so that code reading the variable as an index or ignoring it fails.
+FIRST_CELLS = """
+import json, os, sys, types
+import torch
+props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=141 * 10**9,
+                              multi_processor_count=132, uuid="5b6c1d2e-0000-1111-2222-333344445555")
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+torch.cuda.get_device_name = lambda device=None: props.name
+torch.cuda.get_device_properties = lambda device=None: props
+torch.cuda.get_device_capability = lambda device=None: (props.major, props.minor)
+seen = {}
+for path in sys.argv[1:]:
+    cells = [c for c in json.load(open(path))["cells"] if c["cell_type"] == "code"]
+    namespace = {"__name__": "__main__"}
+    exec(compile("".join(cells[0]["source"]), path, "exec"), namespace)
+    seen[os.path.basename(path)] = {k: namespace[k] for k in ("GPU_INDEX",) if k in namespace}
+print(json.dumps(seen))
+"""
+
+
+def test_every_chapters_first_cells_run_with_a_gpu_uuid_assigned(tmp_path):
+    notebooks = sorted(REPO.glob("notebooks/[0-9][0-9]_*/[0-9][0-9]_*.ipynb"))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "GPU-5b6c1d2e-0000-1111-2222-333344445555",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "modelled_nvml"), str(REPO)]),
+           "MODELLED_NVML": json.dumps(MACHINE),
+           "MPLBACKEND": "Agg"}
+    done = subprocess.run([sys.executable, "-c", FIRST_CELLS, *map(str, notebooks)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(seen) == len(notebooks) >= 8
+    assert seen["08_monitoring.ipynb"]["GPU_INDEX"] == 1      # the learner's GPU, through NVML
 
 
 def test_learner_budget_is_4_gib():

@@ -72,12 +72,32 @@ def _tree_from_parents(root: int, parents: dict[int, int]) -> set[int]:
 
 def gpu_processes(nvml) -> list[tuple[int, int, int | None]]:
     """(device index, pid, used bytes or None where the driver cannot say) for every compute
-    process on every GPU NVML sees. All GPUs, because a learner's ranks may sit on any of them."""
+    process on every GPU NVML sees. All GPUs, because a learner's ranks may sit on any of them.
+    A GPU in MIG mode is asked instance by instance: NVML lists its processes per MIG device
+    handle (the GPU's own handle answers only to privileged callers)."""
     listed = []
     for index in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        listed += [(index, p.pid, p.usedGpuMemory) for p in _compute_processes(nvml, handle)]
+        for part in _mig_handles(nvml, handle) or [handle]:
+            listed += [(index, p.pid, p.usedGpuMemory) for p in _compute_processes(nvml, part)]
     return listed
+
+
+def _mig_handles(nvml, handle) -> list:
+    """The MIG instances of a GPU in MIG mode; [] for any other GPU (or a stand-in without MIG)."""
+    try:
+        if nvml.nvmlDeviceGetMigMode(handle)[0] != nvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        slots = nvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+    except Exception:  # noqa: BLE001 (no MIG support: NVMLError_NotSupported, or no such call)
+        return []
+    handles = []
+    for slot in range(slots):
+        try:
+            handles.append(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+        except Exception:  # noqa: BLE001 (an empty slot)
+            continue
+    return handles
 
 
 def _compute_processes(nvml, handle):

@@ -142,14 +142,16 @@ class Monitor(BackgroundSampler):
         print(watch.trace); monitor.plot(watch.trace)
 
     ``index``: the NVML device index (physical numbering; ``gpulab.device.physical_gpu`` maps
-    torch's index to it). ``nvml``: the ``pynvml`` module or a stand-in with its functions
-    (tests). ``gpu=False`` watches the process even where a GPU exists. Sampling never raises
-    into the work: an error is noted in ``trace.note``.
+    torch's index to it); None: the GPU behind torch's cuda:0, whatever form
+    CUDA_VISIBLE_DEVICES names it in. ``nvml``: the ``pynvml`` module or a stand-in with its
+    functions (tests). ``gpu=False`` watches the process even where a GPU exists. Sampling never
+    raises into the work: an error is noted in ``trace.note``.
     """
 
     thread_name = "gpulab-monitor"
 
-    def __init__(self, index: int = 0, interval: float = 0.1, nvml=None, gpu: bool = True):
+    def __init__(self, index: int | None = None, interval: float = 0.1, nvml=None,
+                 gpu: bool = True):
         super().__init__(interval)
         self.index, self.gpu = index, gpu
         self.trace = Trace()
@@ -171,6 +173,9 @@ class Monitor(BackgroundSampler):
             self._nvml = None
             return f"no NVIDIA GPU to monitor (NVML: {type(error).__name__}: {error})"
         try:
+            if self.index is None:   # torch's cuda:0, wherever CUDA_VISIBLE_DEVICES puts it
+                from gpulab.device.choosing import physical_gpu
+                self.index = physical_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), 0, self._nvml)
             if self._nvml.nvmlDeviceGetCount() <= self.index:
                 raise IndexError(f"NVML sees no GPU {self.index}")
             self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.index)

@@ -16,6 +16,7 @@ utilisation, says nothing about how much arithmetic those cores did.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -64,15 +65,16 @@ class UtilisationSampler(BackgroundSampler):
         print(sampler.result)
 
     ``index``: the NVML device index (NVML numbers GPUs physically; ``gpulab.device.physical_gpu``
-    maps torch's index to it). ``nvml``: the ``pynvml`` module (nvidia-ml-py) or a stand-in with
-    the same functions, for tests. Without a driver or a GPU, ``result.note`` says so and the
-    block runs unsampled. The first ``skip`` samples are dropped: NVML's figure covers its own
-    past sample period (up to 1 s), which at the start includes the time before the work.
+    maps torch's index to it); None: the GPU behind torch's cuda:0, whatever form
+    CUDA_VISIBLE_DEVICES names it in. ``nvml``: the ``pynvml`` module (nvidia-ml-py) or a
+    stand-in with the same functions, for tests. Without a driver or a GPU, ``result.note`` says
+    so and the block runs unsampled. The first ``skip`` samples are dropped: NVML's figure covers
+    its own past sample period (up to 1 s), which at the start includes the time before the work.
     """
 
     thread_name = "gpu-utilisation"
 
-    def __init__(self, index: int = 0, interval: float = 0.1, nvml=None, skip: int = 0):
+    def __init__(self, index: int | None = None, interval: float = 0.1, nvml=None, skip: int = 0):
         super().__init__(interval)
         self.index, self.skip = index, skip
         self.result = Utilisation()
@@ -90,6 +92,9 @@ class UtilisationSampler(BackgroundSampler):
             self._nvml = None
             return False
         try:
+            if self.index is None:   # torch's cuda:0, wherever CUDA_VISIBLE_DEVICES puts it
+                from gpulab.device.choosing import physical_gpu
+                self.index = physical_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), 0, self._nvml)
             if self._nvml.nvmlDeviceGetCount() <= self.index:
                 raise IndexError(f"NVML sees no GPU {self.index}")
             self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.index)
