@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 # The torch requirement installed into a new venv. On a GPU server pick the build for your
 # driver, e.g.  make lab TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
-# A torch >= 2.4 that is already in the venv is kept.
+# A torch >= 2.13 (the course is tested with 2.13) that is already in the venv is kept.
 TORCH  ?= torch==2.13.0
 # Extra arguments for JupyterLab, e.g. LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888".
 LAB_ARGS ?=

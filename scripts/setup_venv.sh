@@ -7,7 +7,7 @@
 set -euo pipefail
 python="$1"; venv="$2"; torch_requirement="$3"
 stamp="$venv/.gpulab-ready"
-min_torch="2.4"
+min_torch="2.13"   # the torch the course is tested with (gpulab/device/preflight.py: TORCH_FLOOR)
 
 die() { printf '\nmake: %s\n\n' "$*" >&2; exit 1; }
 
@@ -47,19 +47,26 @@ on_failure() {
 trap on_failure ERR
 
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
-if "$venv/bin/python" - "$min_torch" <<'PY' 2>/dev/null
+torch_new_enough() {  # the venv's torch is $min_torch or newer (no torch: no)
+    "$venv/bin/python" - "$min_torch" <<'PY' 2>/dev/null
 import sys, torch
 have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 need = tuple(int(p) for p in sys.argv[1].split("."))
 sys.exit(have < need)
 PY
-then
-    echo "setup: keeping the installed torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
+}
+torch_version() { "$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none; }
+if torch_new_enough; then
+    echo "setup: keeping the installed torch $(torch_version)"
 else
+    [ "$(torch_version)" = none ] || echo "setup: torch $(torch_version) is older than $min_torch, the torch the course is tested with"
     echo "setup: installing $torch_requirement"
     # Unquoted on purpose: TORCH may carry pip options, e.g. "torch==2.13.0 --index-url URL".
     # shellcheck disable=SC2086
     "${pip[@]}" install $torch_requirement
+    # Otherwise the course's own torch>=$min_torch would replace it with whatever PyPI has.
+    torch_new_enough || { on_failure; die "TORCH=\"$torch_requirement\" installed torch $(torch_version); the course needs
+      torch $min_torch or newer, e.g. TORCH=\"torch==$min_torch.0 --index-url https://download.pytorch.org/whl/cu126\""; }
 fi
 echo "setup: installing the course and its tools"
 # uv fetches and installs the ~180 packages in parallel, several times faster than pip. It reads

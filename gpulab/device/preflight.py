@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from gpulab.device.choosing import GiB, LEARNER_BUDGET_BYTES, MIN_FREE_FRACTION
 from gpulab.device.facts import (NVML_INIT_FAILED, NVML_NO_LIBRARY, NVML_NOT_INSTALLED, NVML_OK,
                                  DeviceFacts, NvmlGPU, TorchGPU, collect_facts)
-from gpulab.device.health import kernel_image_available, slowdowns
+from gpulab.device.health import driver_compatibility, kernel_image_available, slowdowns
 
 # ----------------------------------------------------------------------------- judgement
 
@@ -25,6 +25,13 @@ class Finding:
     next_step: str = ""
 
 
+# The torch the course is tested with, and the oldest setup keeps (scripts/setup_venv.sh,
+# pyproject.toml and environment.yml say the same; tests/test_setup.py checks). Older torch lacks
+# what GPU paths call: torch.backends.cuda.cublas_workspace_size() (chapter 02; pytorch#177912,
+# 2026-03), device_count() from CUDA's own view once CUDA has started (chapter 01's late
+# CUDA_VISIBLE_DEVICES; pytorch#175355, 2026-02), fp32_precision for TF32 (chapters 04, 07; 2.9).
+TORCH_FLOOR = "2.13"
+
 # CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises; later changes are ignored.
 _BEFORE_CUDA_STARTS = ("before CUDA initialises: in the shell before starting Jupyter, or in the "
                        "first cell of a freshly restarted kernel, before any CUDA call")
@@ -32,6 +39,22 @@ _BEFORE_CUDA_STARTS = ("before CUDA initialises: in the shell before starting Ju
 
 def diagnose(facts: DeviceFacts) -> list[Finding]:
     """Judge the facts. Pure: it only reads ``facts``, so tests can describe any machine."""
+    return _torch_too_old(facts) + _device_findings(facts)
+
+
+def _torch_too_old(facts: DeviceFacts) -> list[Finding]:
+    if not _older(facts.torch_version.split("+")[0], TORCH_FLOOR):
+        return []
+    return [Finding(
+        "error",
+        f"torch {facts.torch_version} is older than {TORCH_FLOOR}, the torch the course is tested "
+        "with: GPU experiments call APIs it lacks (chapter 02's cuBLAS workspace size, TF32's "
+        "fp32_precision) and chapter 01's CUDA_VISIBLE_DEVICES experiment reads differently.",
+        f'install torch {TORCH_FLOOR} or newer: `make lab TORCH="torch=={TORCH_FLOOR}.0 '
+        '--index-url https://download.pytorch.org/whl/cu126"` (the build for your driver).')]
+
+
+def _device_findings(facts: DeviceFacts) -> list[Finding]:
     if not facts.cuda_build:
         return [_cpu_only_build(facts) if facts.nvml_gpus else _no_gpu(facts)]
     if facts.torch_gpus:
@@ -197,12 +220,9 @@ def failure_classes(facts: DeviceFacts) -> list[tuple[str, str, str]]:
             rows.append(("no kernel image", "n/a", "torch's architecture list is unknown"))
     else:
         rows += [("out of memory", "n/a", "no GPU"), ("no kernel image", "n/a", "no GPU")]
-    if facts.driver_cuda and facts.torch_cuda:
-        too_old = _older(facts.driver_cuda, facts.torch_cuda)
-        rows.append(("driver older than torch's CUDA", "error" if too_old else "ok",
-                     f"driver supports CUDA {facts.driver_cuda}, torch needs {facts.torch_cuda}"))
-    else:
-        rows.append(("driver older than torch's CUDA", "n/a", "no driver or no CUDA build"))
+    # Minor-version compatibility: an older driver of the same CUDA major runs the build (chapter 08).
+    rows.append(("driver older than torch's CUDA",
+                 *driver_compatibility(facts.driver_version, facts.driver_cuda, facts.torch_cuda)))
     healths = [g for g in facts.nvml_gpus if g.health is not None]
     if healths:
         for label, pick in (("slowdown (power, heat)", lambda f: "slowed" in f.message
@@ -242,9 +262,11 @@ def _hides_all_gpus(facts: DeviceFacts) -> bool:
 
 
 def _older(version: str | None, than: str | None) -> bool:
-    """True when CUDA ``version`` is known to be older than ``than``: "12.4" < "12.6" < "12.10"."""
+    """True when ``version`` (of CUDA or torch) is known to be older than ``than``, compared to
+    the precision ``than`` gives: "12.4" < "12.6" < "12.10", "2.4.1" < "2.13"."""
     try:
-        return tuple(map(int, version.split("."))) < tuple(map(int, than.split(".")))
+        given = tuple(map(int, than.split(".")))
+        return tuple(map(int, version.split(".")[:len(given)])) < given
     except (AttributeError, ValueError):  # a version is unknown
         return False
 
