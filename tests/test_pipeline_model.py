@@ -1,9 +1,11 @@
 """gpulab.pipeline (chapter 07): the step-time model, the synthetic datasets, the measured loop."""
 import math
 import multiprocessing
+import time
 
 import pytest
 import torch
+from torch.utils.data import Dataset
 
 from gpulab import pipeline
 
@@ -23,6 +25,29 @@ def test_workers_take_the_slowest_stage_not_the_sum():
     assert pipeline.bottleneck(0.064, 0.040, 4) == "compute"
     assert pipeline.bottleneck(0.010, 0.002, 4, copy=0.005, copy_overlapped=True) == "copy"
     assert pipeline.bottleneck(0.064, 0.040, 0) == "serial"
+
+
+def test_cpu_bound_workers_load_on_the_free_cores_only():
+    # 80 ms of loading per batch, 4 workers, a 5 ms step: waiting loads 4 batches at once (20 ms
+    # per batch), computing loads only 2 at once on 2 free cores (40 ms), 4 on 8 (20 ms).
+    assert pipeline.step_seconds(0.080, 0.005, 4) == pytest.approx(0.020)
+    assert pipeline.step_seconds(0.080, 0.005, 4, cores=2) == pytest.approx(0.040)
+    assert pipeline.step_seconds(0.080, 0.005, 4, cores=8) == pytest.approx(0.020)
+    assert pipeline.step_seconds(0.080, 0.005, 0, cores=2) == pytest.approx(0.085)   # serial: no cores
+    assert pipeline.step_seconds(0.080, 0.005, 4, cores=2) == pytest.approx(
+        0.080 / pipeline.loading_speedup(4, 2, io_bound=False))                       # Experiment 2's rule
+    with pytest.raises(ValueError):
+        pipeline.step_seconds(0.08, 0.005, 4, cores=0)
+
+
+def test_the_hand_over_of_each_batch_is_the_main_processes_work():
+    # The main process takes each batch from a worker (3 ms here) before its 5 ms step: 8 ms,
+    # slower than 4 workers' 20 ms / 4 = 5 ms of loading; with no workers there is no hand-over.
+    assert pipeline.step_seconds(0.020, 0.005, 4, handover=0.003) == pytest.approx(0.008)
+    assert pipeline.step_seconds(0.080, 0.005, 4, handover=0.003) == pytest.approx(0.020)
+    assert pipeline.step_seconds(0.020, 0.005, 0, handover=0.003) == pytest.approx(0.025)
+    assert pipeline.step_seconds(0.020, 0.004, 4, copy=0.005, copy_overlapped=True,
+                                 handover=0.001) == pytest.approx(0.006)
 
 
 def test_idle_share_and_workers_needed():
@@ -58,18 +83,55 @@ def test_datasets_are_deterministic_and_cost_what_they_say():
     tokens = pipeline.TokenDataset(4, seq_len=8, vocab_size=50)
     x, y = tokens[1]
     assert x.shape == y.shape == (8,) and torch.equal(x[1:], y[:-1]) and torch.equal(tokens[1][0], x)
+    read = tokens.__getitems__([1, 3])                      # a batch read at once: the same samples
+    assert all(torch.equal(a, b) for got, i in zip(read, (1, 3)) for a, b in zip(got, tokens[i]))
     assert pipeline.calibrate_rounds(0.001) > 0
 
 
-def test_serial_loop_measures_the_sum_and_workers_overlap():
-    """Sleep-based stages (20 ms of loading, 20 ms of compute), tolerances for a shared CPU: 0
-    workers pay the sum, 40 ms; 2 workers the slower stage, 20 ms (model: half). Workers are gone
-    afterwards."""
-    serial = pipeline.measure_pipeline(0.005, 4, workers=0, compute=0.020, steps=4)
-    assert serial.step_seconds >= 0.039 and serial.wait_share > 0.3
-    overlapped = pipeline.measure_pipeline(0.005, 4, workers=2, compute=0.020, steps=4)
-    assert overlapped.step_seconds < 0.75 * serial.step_seconds
-    assert overlapped.wait_share < 0.3
+class Loading(Dataset):
+    """10 ms of waiting per sample, and a counter, shared with the workers, of samples being
+    loaded right now."""
+
+    def __init__(self, n: int = 64):
+        self.n, self.busy = n, multiprocessing.Value("i", 0)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        with self.busy.get_lock():
+            self.busy.value += 1
+        time.sleep(0.010)
+        with self.busy.get_lock():
+            self.busy.value -= 1
+        return torch.tensor(float(index))
+
+
+def test_serial_loop_waits_for_every_load_and_workers_load_during_the_steps():
+    """No clock ratios: a loaded machine stretches sleeps but never shortens them. With no workers
+    each timed step waits for its whole 10 ms load and then computes 10 ms, so each is at least
+    their sum; with 2 workers a sample is being loaded while the step computes (the step looks,
+    for up to 10 s). Workers are gone afterwards."""
+    serial_data = Loading()
+    serial = pipeline.time_loop(pipeline.make_loader(serial_data, 1, 0), lambda batch: time.sleep(0.010),
+                                steps=4)
+    assert serial.wait_seconds >= 4 * 0.010 and serial.step_seconds >= 0.020
+    data, loading_during_step = Loading(), []
+
+    def step(batch):
+        deadline = time.monotonic() + 10
+        while data.busy.value == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        loading_during_step.append(data.busy.value > 0)
+        time.sleep(0.010)
+
+    pipeline.time_loop(pipeline.make_loader(data, 1, 2), step, steps=4)
+    assert len(loading_during_step) == 6 + 4 and all(loading_during_step)   # warm-up (2 + 1) x 2
+    assert not multiprocessing.active_children()
+
+
+def test_the_hand_over_is_measured_from_a_worker():
+    assert 0 < pipeline.handover_seconds(pipeline.LatencyDataset(16, 0.0), 2, batches=3, settle=0.005)
     assert not multiprocessing.active_children()
 
 
@@ -101,12 +163,35 @@ def test_a_rung_trains_and_counts_its_flops():
     from gpulab.models import GPT, GPTConfig
 
     config = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32)
+    precision = torch.backends.cuda.matmul.fp32_precision
     out = pipeline.run_rung(config, pipeline.Rung("tiny", batch_size=2, optimizer="adamw_fused"),
                             seq_len=16, device="cpu", steps=1)
     n = GPT.count_params(config) - (64 + 16) * 32
     assert out["flops_per_token"] == arith.training_flops(n, 1, n_layer=1, hidden=32, seq_len=16)
     assert out["tokens_per_second"] == pytest.approx(2 * 16 / out["step_seconds"])
-    assert out["peak_bytes"] is None and not torch.backends.cuda.matmul.allow_tf32
+    assert out["peak_bytes"] is None and out["steps"] == 1
+    assert torch.backends.cuda.matmul.fp32_precision == precision     # set back as it was
+
+
+def test_the_course_ladder_keeps_every_rung_after_the_workers_compute_bound():
+    """The ladder's plan, for a GPU and a CPU (no GPU needed to read it): one change per rung,
+    every rung after the first loads with workers, and the data stage (LOAD_SHARE of the naive
+    compute over W workers) is 1/16 of the naive compute on a GPU, whose later rungs are expected
+    to be up to about 10x faster (bf16 tensor cores, fused kernels), and 1/4 on a CPU, whose are
+    at most about 2x. TF32 and compile appear on the GPU ladder only; the GPU's micro-batch
+    fits the 2.5 GiB the course plans for."""
+    from gpulab import arith
+
+    for on_gpu, fastest in ((True, 10), (False, 2)):
+        config, seq, rungs = pipeline.course_ladder(on_gpu)
+        assert rungs[0].workers == 0 and all(r.workers == rungs[1].workers > 0 for r in rungs[1:])
+        data_stage = pipeline.LOAD_SHARE / rungs[1].workers          # of the naive compute
+        assert data_stage * fastest < 1
+        assert len({r.name for r in rungs}) == len(rungs)
+        assert any(r.tf32 or r.compile or r.autocast for r in rungs) is on_gpu
+    config, seq, rungs = pipeline.course_ladder(True)
+    assert arith.predict_training_memory(config, rungs[-1].batch_size, seq)["peak"] <= 2.5 * 2**30
+    assert [r.name for r in rungs][2:5] == ["+ fused AdamW", "+ TF32", "+ bf16 autocast"]
 
 
 def test_stand_in_compute_on_a_gpu_launches_one_calibrated_kernel(monkeypatch):

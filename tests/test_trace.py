@@ -66,22 +66,51 @@ def test_load_events_reads_plain_and_gzipped_traces(tmp_path):
 
 
 def test_a_real_cpu_profile_round_trip(tmp_path):
-    """torch.profiler on this machine: export, read back, and find the sleep-based idle share."""
+    """torch.profiler on this machine: export (checked), read back, and the idle share is what the
+    trace's own ranges say: busy = the "compute" ranges inside the steps. (No clock ratio: a loaded
+    machine stretches the sleeps, and the share with them.)"""
     import time
 
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-    path = tmp_path / "trace.json"
+    path = trace.new_trace_path()
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3, repeat=1),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+                 on_trace_ready=lambda p: trace.export(p, path)) as prof:
         for _ in range(4):
             with record_function("data"):
                 time.sleep(0.006)
             with record_function("compute"):
                 time.sleep(0.002)
             prof.step()
-    idle = trace.idle_share(trace.load_events(path))
-    assert idle.steps == 3 and 0.5 < idle.share < 0.9      # 6 of 8 ms, plus a busy machine's jitter
+    events = trace.load_events(path)
+    idle = trace.idle_share(events)
+    steps = trace.step_windows(events)
+    compute = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == "compute"]
+    assert idle.steps == 3 and idle.busy_us == pytest.approx(sum(trace.covered(compute, w) for w in steps))
+    assert idle.busy_us >= 3 * 2000 and idle.step_us >= 3 * 8000        # sleeps never end early
+    assert idle.share == pytest.approx(1 - idle.busy_us / idle.step_us)
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"           # this user's folder only
+
+
+def test_a_trace_that_was_not_written_is_an_error(tmp_path):
+    """Kineto, the profiler's exporter, reports a failed write only on stderr; export raises. And
+    it never writes over a file that is already there (a stale or someone else's)."""
+    class Profile:
+        def __init__(self, text):
+            self.text = text
+
+        def export_chrome_trace(self, path):
+            if self.text is not None:
+                open(path, "w").write(self.text)
+
+    with pytest.raises(RuntimeError, match="wrote no trace"):
+        trace.export(Profile(None), tmp_path / "t.json")
+    with pytest.raises(RuntimeError, match="wrote no trace"):
+        trace.export(Profile(""), tmp_path / "empty.json")
+    assert trace.export(Profile("{}"), tmp_path / "ok.json") == tmp_path / "ok.json"
+    with pytest.raises(FileExistsError):
+        trace.export(Profile("{}"), tmp_path / "ok.json")
+    assert trace.new_trace_path() != trace.new_trace_path()
 
 
 class FakeNvml:
@@ -141,8 +170,16 @@ def test_sampler_without_a_gpu_says_so():
 
 
 def test_cpu_busy_counts_a_busy_loop_and_not_a_sleep():
+    """CPU seconds, not a ratio to wall time (which a loaded machine changes): the loop runs until
+    it has used 50 ms of this process's CPU, the sleep uses next to none however long it lasts."""
     import time
 
-    busy, _ = utilisation.cpu_busy(lambda: sum(range(300_000)))
+    def spin():
+        end = time.process_time() + 0.05
+        while time.process_time() < end:
+            pass
+
+    busy, _ = utilisation.cpu_busy(spin)
     idle, _ = utilisation.cpu_busy(lambda: time.sleep(0.05))
-    assert idle.cores_busy < 0.3 < busy.cpu_seconds / max(busy.wall_seconds, 1e-9)
+    assert busy.cpu_seconds >= 0.05
+    assert idle.cpu_seconds < 0.02 and idle.wall_seconds >= 0.05

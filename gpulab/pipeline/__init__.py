@@ -14,15 +14,16 @@ One module per idea, in the order the chapter meets them:
 - ``gpulab.pipeline.loop``          sections 1-2 and 4: a device step of known duration
                                     (``StandInCompute``), the DataLoader (``make_loader``), and a
                                     loop that measures it (``time_loop`` and its ``LoopTiming``,
-                                    ``load_seconds``, ``measure_pipeline``, ``loading_rate``,
-                                    ``shutdown``)
+                                    ``load_seconds``, ``handover_seconds``, ``measure_pipeline``,
+                                    ``loading_rate``, ``shutdown``)
 - ``gpulab.pipeline.copy_overlap``  section 3: a pinned copy on a second stream beside the
                                     compute, measured on a GPU (``copy_compute_overlap``)
 - ``gpulab.pipeline.trace``         section 5: reading a torch.profiler trace (idle share, top
                                     ops, launch overhead); import it as a module
 - ``gpulab.pipeline.utilisation``   section 5: NVML utilisation sampled during a run, and its CPU
                                     analogue; import it as a module
-- ``gpulab.pipeline.ladder``        section 7: the capstone ladder (``Rung``, ``run_rung``)
+- ``gpulab.pipeline.ladder``        section 7: the capstone ladder (``Rung``, ``run_rung``, the
+                                    course's own ``course_ladder`` and its ``LOAD_SHARE``)
 
 Every name is offered here too, so a notebook writes ``pipeline.step_seconds`` whichever module
 holds it. To replace a function in a test, patch it in the module that holds it: a module calls
@@ -34,10 +35,10 @@ from gpulab.pipeline.step_model import (bottleneck, compile_break_even_steps, de
                                         workers_needed)
 from gpulab.pipeline.datasets import (DecodeDataset, LatencyDataset, TokenDataset, busy_work,
                                       calibrate_rounds)
-from gpulab.pipeline.loop import (LoopTiming, StandInCompute, load_seconds, loading_rate,
-                                  make_loader, measure_pipeline, shutdown, time_loop)
+from gpulab.pipeline.loop import (LoopTiming, StandInCompute, handover_seconds, load_seconds,
+                                  loading_rate, make_loader, measure_pipeline, shutdown, time_loop)
 from gpulab.pipeline.copy_overlap import copy_compute_overlap
-from gpulab.pipeline.ladder import Rung, run_rung
+from gpulab.pipeline.ladder import LOAD_SHARE, Rung, course_ladder, run_rung
 
 __all__ = [
     # the step-time model (sections 1-2, 6)
@@ -46,10 +47,10 @@ __all__ = [
     # synthetic datasets (sections 1-2)
     "LatencyDataset", "busy_work", "calibrate_rounds", "DecodeDataset", "TokenDataset",
     # the stand-in step and the measured loop (sections 1-2, 4)
-    "StandInCompute", "LoopTiming", "shutdown", "time_loop", "load_seconds", "make_loader",
-    "measure_pipeline", "loading_rate",
+    "StandInCompute", "LoopTiming", "shutdown", "time_loop", "load_seconds", "handover_seconds",
+    "make_loader", "measure_pipeline", "loading_rate",
     # pinned memory and a second stream (section 3)
     "copy_compute_overlap",
     # the capstone ladder (section 7)
-    "Rung", "run_rung",
+    "Rung", "run_rung", "course_ladder", "LOAD_SHARE",
 ]

@@ -79,7 +79,9 @@ class DecodeDataset(Dataset):
 
 class TokenDataset(Dataset):
     """Language-model samples: (input ids, targets shifted by one) of ``seq_len`` tokens, random
-    but fixed by the index, after ``latency`` seconds of waiting per sample (reading a shard)."""
+    but fixed by the index, after ``latency`` seconds of waiting per sample (reading a shard).
+    A batch is read at once (``__getitems__``, as ``LatencyDataset``): one wait of latency x
+    batch, so that a busy machine's wake-up delays do not add up sample by sample."""
 
     def __init__(self, n: int, seq_len: int, vocab_size: int, latency: float = 0.0):
         self.n, self.seq_len, self.vocab_size, self.latency = n, seq_len, vocab_size, latency
@@ -87,9 +89,17 @@ class TokenDataset(Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.latency:
-            time.sleep(self.latency)
+    def _tokens(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         generator = torch.Generator().manual_seed(index)
         tokens = torch.randint(self.vocab_size, (self.seq_len + 1,), generator=generator)
         return tokens[:-1], tokens[1:]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.latency:
+            time.sleep(self.latency)
+        return self._tokens(index)
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.latency:
+            time.sleep(self.latency * len(indices))
+        return [self._tokens(index) for index in indices]

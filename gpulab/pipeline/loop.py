@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpulab import measure
-from gpulab.pipeline.datasets import LatencyDataset
+from gpulab.pipeline.datasets import DecodeDataset, LatencyDataset
 from gpulab.pipeline.step_model import _non_negative
 
 
@@ -129,6 +129,29 @@ def load_seconds(dataset: Dataset, batch_size: int, batches: int = 5) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
+def handover_seconds(dataset: Dataset, batch_size: int, batches: int = 8,
+                     settle: float = 0.02) -> float:
+    """Median seconds the main process takes to receive a batch that a worker already built: the
+    ``handover`` of ``step_model.step_seconds``. One worker builds batches of ``dataset`` ahead
+    (``prefetch_factor`` of them); before each timed ``next()`` the main process waits ``settle``
+    seconds, so the batch is ready and what is timed is only its hand-over (unpickling, and
+    receiving its shared memory's file descriptor from the worker, who must get a core to send it:
+    on a busy machine that wait is most of it). Use a dataset of the loop's shapes that costs
+    nothing to load, e.g. ``LatencyDataset(n, 0.0, shape)``."""
+    iterator = iter(make_loader(dataset, batch_size, 1))
+    samples = []
+    try:
+        next(iterator)                       # the worker has started
+        for _ in range(batches):
+            time.sleep(settle)
+            start = time.perf_counter()
+            next(iterator)
+            samples.append(time.perf_counter() - start)
+    finally:
+        shutdown(iterator)
+    return sorted(samples)[len(samples) // 2]
+
+
 def make_loader(dataset: Dataset, batch_size: int, workers: int, pin_memory: bool = False,
                 prefetch_factor: int | None = None, persistent_workers: bool = False) -> DataLoader:
     """A DataLoader with the options this chapter varies, the rest at their defaults (no shuffle:
@@ -140,13 +163,16 @@ def make_loader(dataset: Dataset, batch_size: int, workers: int, pin_memory: boo
 
 def measure_pipeline(sample_latency: float, batch_size: int, workers: int, compute: float,
                      steps: int = 8, device: torch.device | str = "cpu",
-                     compute_step: StandInCompute | None = None) -> LoopTiming:
+                     compute_step: StandInCompute | None = None,
+                     decode_rounds: int = 0) -> LoopTiming:
     """One configuration of the model's experiment: a ``LatencyDataset`` (``sample_latency`` s per
-    sample) through ``workers`` workers into a ``StandInCompute(compute)`` step. ``steps`` is
+    sample), or with ``decode_rounds`` a CPU-bound ``DecodeDataset`` (that much ``busy_work`` per
+    sample), through ``workers`` workers into a ``StandInCompute(compute)`` step. ``steps`` is
     rounded up to a multiple of the worker count."""
     rounds = max(workers, 1)
     steps = math.ceil(steps / rounds) * rounds
-    dataset = LatencyDataset((steps + 3 * rounds + 1) * batch_size, sample_latency)
+    n = (steps + 3 * rounds + 1) * batch_size
+    dataset = DecodeDataset(n, decode_rounds) if decode_rounds else LatencyDataset(n, sample_latency)
     step = compute_step if compute_step is not None else StandInCompute(compute, device)
     return time_loop(make_loader(dataset, batch_size, workers), step, steps, device=device)
 

@@ -13,12 +13,23 @@ deliver a batch every ``load / W`` seconds, and the slowest stage sets the pace:
                                                                   on its own stream (overlapped)
 
 This is the throughput of a pipeline whose slowest stage is the bottleneck; it holds in steady
-state (after the workers' first batches) and while each stage has the resources it assumes: W
-workers that wait (I/O-bound loading) run side by side on any number of cores, W workers that
-compute (CPU-bound decoding) only on as many cores as are free. Sources: PyTorch Performance
-Tuning Guide (Szymon Migacz), "Enable asynchronous data loading and augmentation"; the
-DataLoader documentation (torch.utils.data, "Single- and Multi-process Data Loading", "Memory
-Pinning"); PyTorch's CUDA semantics notes ("Asynchronous execution", "CUDA streams").
+state (after the workers' first batches) and while each stage has the resources it assumes. Two
+of those resources are the machine's, and ``step_seconds`` takes both when they matter:
+
+- **cores** (``cores``): W workers that wait (I/O-bound loading: a read from network storage)
+  wait side by side on any number of cores, so the data stage is load / W; W workers that
+  compute (CPU-bound loading: decoding, augmenting) run only on the C cores that are free, so
+  at most min(W, C) batches are built at once and the data stage is load / min(W, C).
+- **the hand-over** (``handover``): a batch built by a worker reaches the main process through
+  shared memory, and taking it (``next()``: unpickling, receiving the shared memory's file
+  descriptor from the worker) is the main process's own work, done between two steps: it adds
+  to the device stage, and it grows when a busy machine makes each process wait for a core.
+  ``gpulab.pipeline.handover_seconds`` measures it.
+
+Sources: PyTorch Performance Tuning Guide (Szymon Migacz), "Enable asynchronous data loading and
+augmentation"; the DataLoader documentation (torch.utils.data, "Single- and Multi-process Data
+Loading", "Memory Pinning"); PyTorch's CUDA semantics notes ("Asynchronous execution", "CUDA
+streams"); torch/multiprocessing/reductions.py (a tensor's storage travels as a file descriptor).
 """
 
 from __future__ import annotations
@@ -38,7 +49,8 @@ def _non_negative(**values) -> None:
 
 
 def step_seconds(load: float, compute: float, workers: int, copy: float = 0.0,
-                 copy_overlapped: bool = False) -> float:
+                 copy_overlapped: bool = False, cores: int | None = None,
+                 handover: float = 0.0) -> float:
     """Seconds per training step in steady state (module docstring).
 
     ``load``: seconds one process takes to build one batch (per-sample cost x batch size);
@@ -46,18 +58,26 @@ def step_seconds(load: float, compute: float, workers: int, copy: float = 0.0,
     host-to-device copy of a batch (0 on a CPU: there is no second memory to copy to);
     ``workers``: DataLoader ``num_workers``; ``copy_overlapped``: the copy runs on its own
     stream beside the compute (pinned memory, ``non_blocking=True``), else it sits in the
-    compute stream and adds to it.
+    compute stream and adds to it. ``cores``: None when loading waits (I/O-bound: W workers
+    load W batches at once on any number of cores), else the cores free for CPU-bound workers
+    (they build at most min(W, cores) batches at once). ``handover``: the main process's
+    seconds to take one batch from a worker (with ``workers`` > 0), part of its own stage.
 
-    >>> step_seconds(0.064, 0.040, workers=0, copy=0.003)       # the sum: 107 ms
+    >>> round(step_seconds(0.064, 0.040, workers=0, copy=0.003), 9)       # the sum: 107 ms
     0.107
     >>> step_seconds(0.064, 0.040, workers=4, copy=0.003, copy_overlapped=True)
     0.04
+    >>> step_seconds(0.080, 0.005, workers=4), step_seconds(0.080, 0.005, workers=4, cores=2)
+    (0.02, 0.04)
     """
-    _non_negative(load=load, compute=compute, copy=copy, workers=workers)
+    _non_negative(load=load, compute=compute, copy=copy, workers=workers, handover=handover)
     if workers == 0:
         return load + copy + compute
+    if cores is not None and cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores!r}")
+    parallel = workers if cores is None else min(workers, cores)
     device_stage = max(copy, compute) if copy_overlapped else copy + compute
-    return max(load / workers, device_stage)
+    return max(load / parallel, handover + device_stage)
 
 
 def device_idle_share(load: float, compute: float, workers: int, copy: float = 0.0,

@@ -17,12 +17,19 @@ device does; a copy keeps the copy engine busy but no SM computes). On a CPU the
 the busy intervals are the ranges a ``record_function`` name marks as the compute (the stand-in
 device step of ``gpulab.pipeline.StandInCompute``). Sources: PyTorch profiler recipe and API docs
 (torch.profiler.profile, schedule, export_chrome_trace, key_averages); Chrome Trace Event Format.
+
+Writing the trace. ``export_chrome_trace`` hands the path to the profiler's C++ exporter
+(Kineto), which reports a file it could not write only on the process's stderr (a Jupyter
+server's log), not as an exception: reading the path back afterwards could read a stale file, or
+another user's at a fixed name in a shared /tmp. ``new_trace_path`` names a file in a fresh
+folder of this user's own, and ``export`` writes there and raises if nothing was written.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +37,29 @@ from pathlib import Path
 STEP_PREFIX = "ProfilerStep#"
 DEVICE_BUSY_CATEGORIES = ("kernel",)
 LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def new_trace_path(prefix: str = "gpulab-trace-") -> Path:
+    """A path for a trace in a new folder that only this user can open (``tempfile.mkdtemp``:
+    mode 0700, a name no one else holds), so no one else's file can stand at it."""
+    return Path(tempfile.mkdtemp(prefix=prefix)) / "trace.json"
+
+
+def export(prof, path: str | Path) -> Path:
+    """Write ``prof``'s Chrome trace (``prof.export_chrome_trace``) to ``path``, which must not
+    exist yet, and check that it was written: a path that exists raises FileExistsError (what
+    would be read back might be someone else's), and no file, or an empty one, afterwards raises
+    RuntimeError. Use it as ``on_trace_ready=lambda p: trace.export(p, path)``."""
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"{path} exists already: write each trace to a new path "
+                              "(trace.new_trace_path()), so that what is read back is this trace")
+    prof.export_chrome_trace(str(path))
+    if not path.is_file() or path.stat().st_size == 0:
+        raise RuntimeError(f"torch.profiler wrote no trace to {path}: its exporter says why only "
+                           "on this process's stderr (in Jupyter, the server's log). Is the "
+                           "folder there and writable?")
+    return path
 
 
 def load_events(path: str | Path) -> list[dict]:
