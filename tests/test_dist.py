@@ -147,7 +147,8 @@ def test_a_raising_rank_is_named_with_its_traceback(tmp_path):
     assert message.startswith("launch failed: rank 1: ValueError: rank 1 refuses")
     assert "--- rank 1 traceback ---" in message and 'raise ValueError("rank 1 refuses")' in message
     assert "then rank 0: " in message or "launch stopped rank(s) 0" in message
-    assert elapsed < 15 and reaction < 6
+    # Long before the 30 s collective timeout; process start-up (in elapsed) is the machine's.
+    assert reaction < 20 and elapsed < 30 + 30
     assert len(assert_all_gone(tmp_path)) == 2
 
 
@@ -159,7 +160,7 @@ def test_a_rank_that_dies_is_noticed_at_once(tmp_path, how, cause):
     message, elapsed, reaction = failing_launch(how, tmp_path)
     assert message.startswith(f"launch failed: rank 1: the process died without reporting a "
                               f"result ({cause})")
-    assert elapsed < 20 and reaction < 6
+    assert reaction < 20 and elapsed < 30 + 30    # before the collective timeout, as above
     assert len(assert_all_gone(tmp_path)) == 2
 
 
@@ -170,7 +171,7 @@ def test_a_hung_run_times_out_and_says_who_hung(tmp_path):
     message, elapsed, _ = failing_launch("hang_alone", tmp_path, timeout=3)
     assert message.startswith("launch timed out after") and "(timeout=3 s)" in message
     assert re.search(r"rank\(s\) (0, )?1 had not finished \(finished: (0|none)\)", message)
-    assert 3 <= elapsed < 3 + 5
+    assert 3 <= elapsed < 3 + 20                   # the deadline, then killing and reaping
     assert_all_gone(tmp_path)
 
 
@@ -237,6 +238,15 @@ def test_one_gpu_host_two_ranks_stay_on_the_cpu(monkeypatch):
     for state, asked in results:
         assert asked == [], f"a gloo rank asked for GPU {asked}"
         assert state["params"] == psi and state["fsdp_params"] == psi // 2
+        # Chapter 06's FSDP2 lines (issue 27): bf16 compute, fp32 shards and gradients, no
+        # reduce-scatter before the last micro-batch, and reshard_after_forward's default (None
+        # in torch 2.13, issue 29): the blocks resharded after forward, the root kept whole.
+        recipe = state["fsdp2 recipe"]
+        assert recipe["compute dtype"] == ["torch.bfloat16"]
+        assert recipe["parameter dtype"] == recipe["gradient dtype"] == ["torch.float32"]
+        assert recipe["gradients before the last micro-batch"] == 0
+        assert recipe["gradients after it"] == recipe["parameter tensors"]
+        assert recipe["block sharded after forward"] and not recipe["root sharded after forward"]
     assert sum(state["zero_adam_state"] for state, _ in results) == 2 * psi
 
 

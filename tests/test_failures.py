@@ -23,6 +23,18 @@ def test_clock_event_bits_are_pynvmls():
     assert "power limit" in health.explain_clock_events(0x4)
 
 
+def test_a_hardware_slowdown_reports_hw_slowdown_too():
+    """nvidia-smi: HW Slowdown (0x8) "is active if either HW Thermal Slowdown or HW Power Brake are
+    active", so the power cap and the hardware thermal slowdown read 0x4C on a GPU, not 0x44."""
+    assert health.reported_clock_events(0x4 | 0x40) == 0x4C
+    assert health.reported_clock_events(0x80 | 0x4) == 0x8C
+    assert health.reported_clock_events(0x80 | 0x40) == 0xC8
+    assert health.reported_clock_events(0x80 | 0x20) == 0xA8
+    assert health.reported_clock_events(0x4 | 0x20) == 0x24     # the driver's own: no 0x8
+    assert health.reported_clock_events(0x4 | 0x2) == 0x6
+    assert health.decode_clock_events(0x4C) == ["SwPowerCap", "HwSlowdown", "HwThermalSlowdown"]
+
+
 def test_checkpoint_intervals_against_the_papers():
     # Young: sqrt(2 * 3 min * 1440 min) = 92.95 min.
     assert failures.young_interval(3, 1440) == pytest.approx(math.sqrt(8640))
@@ -123,4 +135,6 @@ def test_shm_needed():
 
 def test_a_missing_rank_times_out_after_the_groups_timeout():
     waited, message = failures.missing_rank(timeout_seconds=0.3)
-    assert 0.25 < waited < 3 and "Timed out" in message
+    # The wait ends at the timeout, not before: the upper bound only says it ended (a loaded
+    # machine may take seconds to wake the waiting thread).
+    assert 0.25 < waited < 60 and "Timed out" in message

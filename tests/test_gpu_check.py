@@ -172,7 +172,9 @@ def test_sampler_thread_samples_on_its_own():
     nvml = FakeNVML({0: [(10, 100 * MiB)]}, used={0: 100 * MiB})
     with FootprintSampler(1, interval=0.01, nvml=nvml, tree=lambda root: {1, 10}) as sampler:
         import time
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30          # until the thread has sampled, not a fixed sleep
+        while sampler.footprint.samples <= 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
     assert sampler.footprint.samples > 3 and sampler.footprint.peak_bytes == 100 * MiB
 
 

@@ -17,9 +17,10 @@ import pynvml  # nvidia-ml-py: its constants name the clock-event bits
 
 #: NVML's clock-event reasons: (bit, pynvml constant, what it means, is it a slowdown the job
 #: suffers from). The bits are ``nvmlClocksEventReason*`` in nvml.h, as pynvml defines them; the
-#: meanings paraphrase the NVML API reference, "Clock Event Reasons"
-#: (docs.nvidia.com/deploy/nvml-api, ``nvmlDeviceGetCurrentClocksEventReasons``). NVML renamed
-#: "throttle reasons" to "clock event reasons" in driver 535; the bits did not change.
+#: meanings paraphrase nvml.h's comments and the nvidia-smi documentation, "Clocks Event
+#: Reasons" (docs.nvidia.com/deploy/nvidia-smi; docs.nvidia.com/deploy/nvml-api,
+#: ``nvmlDeviceGetCurrentClocksEventReasons``). NVML renamed "throttle reasons" to "clock event
+#: reasons" in driver 535; the bits did not change.
 CLOCK_EVENTS = [
     (pynvml.nvmlClocksEventReasonGpuIdle, "GpuIdle",
      "nothing is running, so the clocks are low", False),
@@ -28,19 +29,36 @@ CLOCK_EVENTS = [
     (pynvml.nvmlClocksEventReasonSwPowerCap, "SwPowerCap",
      "the power draw reached the power limit: the driver lowers clocks to stay under it", True),
     (pynvml.nvmlClocksEventReasonHwSlowdown, "HwSlowdown",
-     "hardware slowdown (temperature, power brake or a power-supply signal): clocks cut hard",
-     True),
+     "hardware slowdown, core clocks cut by a factor of 2 or more: active whenever "
+     "HwThermalSlowdown or HwPowerBrakeSlowdown is, and alone when the power draw trips the "
+     "hardware's fast protection", True),
     (pynvml.nvmlClocksEventReasonSyncBoost, "SyncBoost",
      "held to the clocks of the other GPUs in its sync-boost group", False),
     (pynvml.nvmlClocksEventReasonSwThermalSlowdown, "SwThermalSlowdown",
-     "the GPU or its memory is too hot: the driver lowers clocks", True),
+     "the GPU or its memory is above its maximum operating temperature: the driver lowers "
+     "clocks", True),
     (pynvml.nvmlClocksEventReasonHwThermalSlowdown, "HwThermalSlowdown",
-     "temperature past the hardware limit: clocks cut by the hardware", True),
+     "temperature past the hardware limit: core clocks cut by a factor of 2 or more", True),
     (pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown, "HwPowerBrakeSlowdown",
-     "an external power brake (the chassis or power supply asked for less)", True),
+     "an external power brake (the chassis or power supply asked for less): core clocks cut "
+     "by a factor of 2 or more", True),
     (pynvml.nvmlClocksEventReasonDisplayClockSetting, "DisplayClockSetting",
      "held to the display clock setting", False),
 ]
+
+#: The hardware slowdowns that always come with HwSlowdown (0x8): the nvidia-smi documentation
+#: says HW Slowdown "is active if either HW Thermal Slowdown or HW Power Brake are active".
+HW_SLOWDOWN_CAUSES = (pynvml.nvmlClocksEventReasonHwThermalSlowdown
+                      | pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown)
+
+
+def reported_clock_events(reasons: int) -> int:
+    """The mask a GPU reports while ``reasons`` (OR-ed bits) are active: HwSlowdown (0x8) is set
+    too whenever HwThermalSlowdown (0x40) or HwPowerBrakeSlowdown (0x80) is. So the power cap
+    and the hardware thermal slowdown read 0x4 | 0x40 | 0x8 = 0x4C, not 0x44."""
+    if reasons & HW_SLOWDOWN_CAUSES:
+        return reasons | pynvml.nvmlClocksEventReasonHwSlowdown
+    return reasons
 
 
 def decode_clock_events(mask: int) -> list[str]:
@@ -147,6 +165,43 @@ def read_health(nvml, handle) -> GPUHealth:
     h.mig_enabled = None if mig is None else bool(mig[0])
     return h
 
+
+
+# ----------------------------------------------------------------------------- driver and CUDA
+
+#: The oldest driver branch that runs every CUDA toolkit of a major release, through CUDA's
+#: minor-version compatibility (NVIDIA, "CUDA Compatibility", Minor Version Compatibility,
+#: Table 1: CUDA 11.x >= 450, 12.x >= 525, 13.x >= 580).
+MINOR_COMPATIBLE_DRIVER = {11: 450, 12: 525, 13: 580}
+
+
+def _version(text: str | None) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except (AttributeError, ValueError):
+        return None
+
+
+def driver_compatibility(driver_version: str | None, driver_cuda: str | None,
+                         torch_cuda: str | None) -> tuple[str, str]:
+    """Can this driver run a torch built for CUDA ``torch_cuda``? (level, why), level "ok",
+    "warn", "error" or "n/a" (a version unknown). Since CUDA 11 a build runs on any driver of
+    the same major release's branch or newer (minor-version compatibility: a CUDA 12.8 build of
+    torch runs on driver 535, whose CUDA is 12.2), "with limited feature-set": a feature the
+    newer toolkit added needs the newer driver, and PTX the newer toolkit made cannot be
+    compiled by the older driver. Older than that branch, or another major release: no."""
+    driver, built, version = _version(driver_cuda), _version(torch_cuda), _version(driver_version)
+    if driver is None or built is None:
+        return "n/a", "no driver or no CUDA build"
+    says = f"driver {driver_version or '?'} supports CUDA {driver_cuda}, torch was built for {torch_cuda}"
+    if driver >= built:
+        return "ok", says
+    minimum = MINOR_COMPATIBLE_DRIVER.get(built[0])
+    if driver[0] == built[0] and version and minimum and version[0] >= minimum:
+        return "warn", (f"{says}: it runs by CUDA's minor-version compatibility (driver >= "
+                        f"{minimum} for CUDA {built[0]}.x), with a limited feature set")
+    return "error", (f"{says}: too old (CUDA {built[0]}.x needs driver >= {minimum or '?'}); "
+                     "update the driver or install the torch build for its CUDA")
 
 
 # ----------------------------------------------------------------------------- kernels for this GPU

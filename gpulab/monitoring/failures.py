@@ -191,8 +191,11 @@ class OOMReport:
 
     @property
     def outside_pytorch(self) -> int:
-        """Device memory neither free nor reserved by this PyTorch: the CUDA context, cuBLAS and
-        NCCL buffers, other processes: total − free − reserved."""
+        """Device memory neither free nor reserved by this PyTorch: total − free − reserved. The
+        CUDA context (with the kernels of the libraries loaded), NCCL's buffers, other
+        processes. Not cuBLAS's workspaces: PyTorch takes those from its own caching allocator
+        (``getNewWorkspace`` in aten/src/ATen/cuda/CublasHandlePool.cpp), so they are in
+        ``reserved`` (and in ``allocated`` while a handle holds them)."""
         return self.total - self.free - self.reserved
 
 

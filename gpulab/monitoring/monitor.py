@@ -22,8 +22,12 @@ CPU-only machine) the monitor says so and samples what it can, labelled as such:
 CPU use (``cpu_percent``, 100 = one core busy, from psutil) and resident memory (``rss_bytes``).
 
 Two limits belong beside every trace: a phase shorter than the interval can fall between two
-samples, and NVML's utilisation is itself an average over the driver's own sample period
-(1/6 s to 1 s, ``nvmlUtilization_t``), so a sample describes the recent past, not the instant.
+samples, and NVML's figures are themselves averages over the recent past. Utilisation is the
+share of the driver's own sample period (1/6 s to 1 s, ``nvmlUtilization_t``) in which a kernel
+ran; power, on Ampere (except GA100) and newer GPUs, is "averaged over 1 sec interval" (nvml.h,
+``nvmlDeviceGetPowerUsage``; nvidia-smi's "Average Power Draw"), so on an H100 or H200 samples
+50 ms apart are overlapping 1-second averages. The instantaneous reading is the field
+``NVML_FI_DEV_POWER_INSTANT`` (``nvmlDeviceGetFieldValues``); the energy counter misses nothing.
 
 What the doctor judges once before a run (clocks, power cap, clock-event reasons, temperatures,
 ECC) is ``gpulab.device.health.read_health``, read with the same never-raise rule.
