@@ -69,6 +69,9 @@ else
       torch $min_torch or newer, e.g. TORCH=\"torch==$min_torch.0 --index-url https://download.pytorch.org/whl/cu126\""; }
 fi
 echo "setup: installing the course and its tools"
+# deepspeed (chapter 09) ships an sdist: built without compiled ops, which it JIT-compiles on a
+# GPU when used; its torch requirement is met by the torch above, so no CUDA build is pulled.
+export DS_BUILD_OPS=0
 # uv fetches and installs the ~180 packages in parallel, several times faster than pip. It reads
 # no pip configuration (an index or mirror set in pip.conf), so where it cannot be had or cannot
 # install, pip does it. Bytecode is compiled now: the grading sandbox's kernels import from a

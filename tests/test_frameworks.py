@@ -1,0 +1,150 @@
+"""Chapter 09 (gpulab.frameworks): the bookkeeping against the tools themselves, the knobs table
+against the installed versions, DeepSpeed's estimator restated against DeepSpeed, and the key
+against figures worked by hand."""
+import dataclasses
+import inspect
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from gpulab.course.checks import load_key_module
+from gpulab.frameworks import knobs, zero_memory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("n, ranks, micro, k", [(40, 2, 4, 2), (10_000, 4, 8, 4), (7, 3, 2, 5), (64, 1, 8, 8)])
+def test_optimizer_steps_are_what_a_sampler_and_an_accumulating_loop_give(n, ranks, micro, k):
+    """The three roundings, against torch's DistributedSampler and a loop that steps every k
+    micro-batches and at the end of the epoch (what Accelerate, Lightning and the Trainer do)."""
+    per_rank = len(DistributedSampler(range(n), num_replicas=ranks, rank=0))
+    assert per_rank == knobs.samples_per_rank(n, ranks)
+    batches = math.ceil(per_rank / micro)
+    steps = sum(1 for i in range(batches) if (i + 1) % k == 0 or i + 1 == batches)
+    assert (knobs.batches_per_rank(n, micro, ranks), knobs.optimizer_steps_per_epoch(n, micro, k, ranks)) == (batches, steps)
+
+
+def test_deepspeed_batch_triple_is_deepspeeds():
+    """Our restatement against DeepSpeedConfig itself (one process: world size 1)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    for given in ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4},
+                  {"train_batch_size": 64, "gradient_accumulation_steps": 8},
+                  {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}):
+        config = DeepSpeedConfig(dict(given))
+        ours = knobs.deepspeed_batch(1, given.get("train_batch_size"), given.get("train_micro_batch_size_per_gpu"),
+                                     given.get("gradient_accumulation_steps"))
+        assert ours == {"train_batch_size": config.train_batch_size,
+                        "train_micro_batch_size_per_gpu": config.train_micro_batch_size_per_gpu,
+                        "gradient_accumulation_steps": config.gradient_accumulation_steps}
+    assert knobs.deepspeed_batch(32, 1024, 4)["gradient_accumulation_steps"] == 8
+    with pytest.raises(ValueError, match="refuses"):
+        knobs.deepspeed_batch(3, 1024, 4, 8)
+
+
+@pytest.mark.parametrize("stage, psi, gpus", [(2, 7_000_000_000, 8), (2, 134_912, 2), (3, 13_000_000_000, 64),
+                                              (3, 45_000_000, 8)])
+def test_deepspeed_estimate_restated_is_deepspeeds(stage, psi, gpus):
+    largest = 131_072_000 if stage == 3 else 0
+    assert zero_memory.deepspeed_gpu_bytes(psi, gpus, stage, largest) == \
+        zero_memory.deepspeed_estimate(stage, psi, gpus, largest)
+
+
+def test_largest_layer_is_deepspeeds_count():
+    from deepspeed.runtime.zero.stage3 import model_to_params
+
+    from gpulab.models import GPT
+    from gpulab.frameworks.tiny_run import TINY_GPT
+    model = GPT(TINY_GPT)
+    assert model_to_params(model) == (model.num_params(), zero_memory.largest_layer_params(model))
+
+
+def test_paper_formula_is_the_zero_papers_figure_1():
+    # Rajbhandari et al. 2020, Figure 1: Ψ = 7.5B, N = 64: 31.4 GB (stage 1), 16.6 (2), 1.9 (3).
+    assert [round(zero_memory.paper_gpu_bytes(7.5e9, 64, s) / 1e9, 1) for s in (1, 2, 3)] == [31.4, 16.6, 1.9]
+
+
+def test_every_knob_named_is_an_argument_of_the_installed_tools():
+    import accelerate
+    import pytorch_lightning as pl
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from deepspeed.runtime import constants
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from pytorch_lightning.strategies import FSDPStrategy, StrategyRegistry
+    from transformers import TrainingArguments
+
+    trainer_args = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert {"per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16",
+            "gradient_checkpointing", "fsdp", "deepspeed", "dataloader_num_workers", "dataloader_pin_memory",
+            "dataloader_prefetch_factor", "dataloader_drop_last", "torch_compile", "torch_compile_backend",
+            "torch_compile_mode", "max_grad_norm", "use_cpu", "ddp_backend", "lr_scheduler_type"} <= trainer_args
+    assert {"precision", "accumulate_grad_batches", "strategy", "devices", "gradient_clip_val"} <= \
+        set(inspect.signature(pl.Trainer).parameters)
+    assert {"mixed_precision", "gradient_accumulation_steps", "cpu", "fsdp_plugin", "deepspeed_plugin",
+            "dynamo_backend"} <= set(inspect.signature(accelerate.Accelerator).parameters)
+    assert {"fsdp_version", "reshard_after_forward", "activation_checkpointing", "cpu_offload"} <= \
+        {f.name for f in dataclasses.fields(FullyShardedDataParallelPlugin)}
+    assert "zero_stage" in {f.name for f in dataclasses.fields(DeepSpeedPlugin)}
+    assert {"sharding_strategy", "activation_checkpointing_policy", "cpu_offload"} <= \
+        set(inspect.signature(FSDPStrategy).parameters)
+    assert {"ddp", "ddp_notebook", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"} <= \
+        set(StrategyRegistry.available_strategies())
+    assert {constants.TRAIN_BATCH_SIZE, constants.TRAIN_MICRO_BATCH_SIZE_PER_GPU,
+            constants.GRADIENT_ACCUMULATION_STEPS, constants.GRADIENT_CLIPPING} == \
+        {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"}
+    assert callable(DeepSpeedEngine.compile)
+    assert len(knobs.KNOBS) >= 10 and knobs.knobs_markdown().count("\n") == len(knobs.KNOBS) + 1
+
+
+@pytest.fixture(scope="module")
+def one_rank_reports():
+    from gpulab.frameworks import runs
+    settings = {"Lightning": "bf16-true", "Accelerate": "bf16-mixed", "HF Trainer": "bf16-mixed"}
+    return {tool: runs.run(tool, runs.Settings(dataset_size=10, micro_batch=2, accumulation=2, ranks=1,
+                                               precision=precision))
+            for tool, precision in settings.items()}
+
+
+def test_each_tool_reports_what_the_bookkeeping_predicts(one_rank_reports):
+    """One rank in this process (two ranks run in the chapter): 5 micro-batches of 2, 3 steps,
+    the last on one micro-batch; 16 bytes per parameter mixed, 8 bf16-true."""
+    from gpulab.frameworks.tiny_run import TINY_GPT
+    from gpulab.models import GPT
+    n = GPT.count_params(TINY_GPT)
+    for tool, report in one_rank_reports.items():
+        assert report.optimizer_steps == knobs.optimizer_steps_per_epoch(10, 2, 2) == 3, tool
+        assert report.tokens_per_step == [128, 128, 64], tool
+        assert report.global_batch == 4, tool
+        per_param = sum(report.state_bytes.values()) / n
+        assert per_param == pytest.approx(8 if tool == "Lightning" else 16, rel=0.001), tool
+        assert report.compute_dtypes == ["bfloat16"], tool
+    lightning = one_rank_reports["Lightning"].reported
+    assert lightning["summary: Total estimated model params size (MB)"] == \
+        pytest.approx(knobs.lightning_summary_mb(n, "bf16-true"), abs=0.001)
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 4" in \
+        "\n".join(one_rank_reports["HF Trainer"].reported["log"])
+
+
+def test_key_against_worked_figures():
+    value = {i: item.value for i, item in load_key_module(ROOT / "autograder" / "keys" / "09_frameworks.py").items()}
+    assert value["09-total-train-batch"] == 8 * 4 * 8 == 256
+    assert value["09-tokens-per-step"] == 256 * 2048
+    assert value["09-lightning-steps"] == 79                 # 2,500 per device, 313 batches, ceil(313 / 4)
+    assert value["09-ds-accumulation"] == 8                  # 1024 // 4 // 32
+    assert value["09-summary-mb"] == pytest.approx(248.88, abs=0.01)      # 124,439,808 x 2 B / 1e6
+    assert value["09-paper-zero2-gb"] == pytest.approx(26.25)            # 14 + 98 / 8 GB
+    assert value["09-ds-estimate-gib"] == pytest.approx(29.75e9 / 2**30)  # (14 + 126 / 8) GB in GiB
+    assert value["09-loader-workers"] == 48
+    assert (value["09-more-gpus"], value["09-mixed-weights"], value["09-wrong-line"]) == \
+        ("trainer_doubles", "float32", "c")
+
+
+def test_accelerate_backward_divides_by_the_accumulation_steps():
+    """Quiz 11's premise, read from Accelerate itself."""
+    from accelerate import Accelerator
+    source = inspect.getsource(Accelerator.backward)
+    assert "loss = loss / self.gradient_accumulation_steps" in source
+    assert torch.__version__   # (torch imported for the sampler above)
