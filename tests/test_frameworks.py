@@ -95,6 +95,7 @@ def test_every_knob_named_is_an_argument_of_the_installed_tools():
     assert {constants.TRAIN_BATCH_SIZE, constants.TRAIN_MICRO_BATCH_SIZE_PER_GPU,
             constants.GRADIENT_ACCUMULATION_STEPS, constants.GRADIENT_CLIPPING} == \
         {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"}
+    assert (constants.TORCH_AUTOCAST, constants.TORCH_AUTOCAST_DTYPE) == ("torch_autocast", "dtype")
     assert callable(DeepSpeedEngine.compile)
     assert len(knobs.KNOBS) >= 10 and knobs.knobs_markdown().count("\n") == len(knobs.KNOBS) + 1
 
