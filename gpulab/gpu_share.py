@@ -13,10 +13,16 @@ gpulab comes first, the cap is queued right after torch's own import (``_CapAfte
 so ``import gpulab`` stays as cheap as without a workshop.
 
 What it does not isolate: the cap is the caching allocator's bookkeeping in one process, not
-the hardware's. Each process's CUDA context (a few hundred MiB), memory a library allocates
-outside PyTorch's allocator, and processes that never import gpulab are not counted; compute
-(SMs) and memory bandwidth are shared, first come first served. MIG instances are isolated in
-hardware (README, "Running a workshop").
+the hardware's, and the learner's own: a learner may raise the variable, or allocate outside
+PyTorch. Each process's CUDA context (a few hundred MiB), memory a library allocates outside
+PyTorch's allocator, and processes that never import gpulab are not counted; compute (SMs) and
+memory bandwidth are shared, first come first served. What the learner cannot change is which
+device their processes can open (the workshop's device walls: another learner's GPU or MIG
+slice is closed to them whatever CUDA_VISIBLE_DEVICES says). MIG instances add the hardware's
+walls: memory, SMs, L2 and bandwidth of their own (README, "Running a workshop").
+
+``share_lines`` also tells the doctor the learner's walls on the machine, read from the
+learner's own cgroup: the memory all their processes and scratch files share, and the tasks.
 
 This module imports nothing heavy, so reading the share costs no torch import.
 """
@@ -27,6 +33,7 @@ import importlib.util
 import os
 import sys
 import warnings
+from pathlib import Path
 
 FRACTION_ENV = "GPULAB_GPU_MEMORY_FRACTION"
 applied_fraction: float | None = None   # what cap_from_environment queued, for the doctor
@@ -98,12 +105,51 @@ class _CapAfterTorchImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def share_lines(total_bytes: int | None, environ=os.environ) -> list[str]:
+def share_lines(total_bytes: int | None, environ=os.environ, proc: Path = Path("/proc"),
+                cgroups: Path = Path("/sys/fs/cgroup")) -> list[str]:
     """The doctor's lines about the learner's share, in its layout; [] outside a workshop.
     ``total_bytes``: the memory of the learner's first visible device, when known."""
+    lines = []
     fraction = memory_fraction(environ)
-    if fraction is None:
-        return []
-    size = "" if total_bytes is None else f" = {fraction * total_bytes / 2**30:.1f} GiB"
-    return [f"  {'workshop GPU share':<27}{fraction:g} of cuda:0's memory{size}, the host's cap "
-            f"({FRACTION_ENV})"]
+    if fraction is not None:
+        size = "" if total_bytes is None else f" = {fraction * total_bytes / 2**30:.1f} GiB"
+        lines.append(f"  {'workshop GPU share':<27}{fraction:g} of cuda:0's memory{size}, the "
+                     f"host's cap ({FRACTION_ENV})")
+    walls = environ.get("GPULAB_WORKSHOP_WALLS")
+    if walls and walls != "off":
+        memory = own_cgroup_limit("memory", proc, cgroups)
+        tasks = own_cgroup_limit("pids", proc, cgroups)
+        if memory is not None:
+            lines.append(f"  {'workshop memory':<27}{memory / 2**30:.2f} GiB for all your processes "
+                         f"and your /tmp, /var/tmp, /dev/shm files together ({walls}); past it "
+                         "the largest process, usually a kernel, is stopped")
+        if tasks is not None:
+            lines.append(f"  {'workshop tasks':<27}{tasks} processes and threads at most ({walls})")
+    return lines
+
+
+def own_cgroup_limit(controller: str, proc: Path = Path("/proc"),
+                     cgroups: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """This process's memory (bytes) or pids limit from its own cgroup, v1 or v2 (systemd's
+    scopes are v2 cgroups); None when there is none or it cannot be read."""
+    v1, v2 = {"memory": ("memory.limit_in_bytes", "memory.max"),
+              "pids": ("pids.max", "pids.max")}[controller]
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            limit = cgroups / controller / path.lstrip("/") / v1
+        elif controllers == "" and (cgroups / "cgroup.controllers").exists():
+            limit = cgroups / path.lstrip("/") / v2
+        else:
+            continue
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**62:      # v1 writes "no limit" as a huge number
+            return int(text)
+    return None

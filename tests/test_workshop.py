@@ -1,20 +1,32 @@
-"""Workshop mode (issue 20): a real JupyterHub on localhost with ten learners.
+"""Workshop mode (issues 20 and 30): a real JupyterHub on localhost with ten learners, walled in.
 
 One hub for the whole file (the `room` fixture), started by workshop/run.py as `make workshop`
-starts it, on free ports, with three made-up GPU UUIDs. The fixture plays the room once, all
-learners at the same time where a room would be: they sign up over HTTP, their servers spawn,
-each runs code in a kernel through its server's REST and websocket API and saves its quizzes'
-verdicts into its notebook; one learner's kernel dies first, another's is left idle after. The tests then
-check what happened, and the last one stops the hub and checks nothing is left. Creating the
-learners' system accounts needs root, as a workshop does.
+starts it, on free ports, with three made-up GPUs (a modelled NVML on the hub's PYTHONPATH,
+tests/modelled_nvml, gives them UUIDs and device minor numbers) and small walls: 1 GiB, 128
+tasks and 64 MiB of scratch per learner. The fixture plays the room once, all learners at the
+same time where a room would be. First they sign up over HTTP, their servers spawn, each runs
+code in a kernel through its server's REST and websocket API and saves its quizzes' verdicts;
+one learner's kernel dies first. Then some attack the walls as a hostile learner would while
+their classmates work: a memory hog, a process storm, /dev/shm filled, other GPUs' device
+nodes opened (mknod stand-ins with NVIDIA's major number: a denial is EPERM, a node the learner
+may open but whose driver is absent ENXIO), scratch files and a planted torch.compile cache in
+/tmp, the course's solutions and keys, a FIFO, a symlink and a 2 GB sparse file for the
+progress page; someone guesses a password; someone signs up as a system group. Then the host
+looks. The tests check what happened (one in Chromium: the learner's and the host's first
+minutes), and the last one stops the hub and checks nothing is left. Creating the learners'
+system accounts and cgroups needs root, as a workshop does.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
 import re
+import socket
+import stat
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKSHOP = ROOT / "workshop"
 sys.path.insert(0, str(WORKSHOP))
 import accounts  # noqa: E402
+import hub  # noqa: E402
 import plan  # noqa: E402
 import progress  # noqa: E402
+import walls  # noqa: E402
 from room import Browser, log_excerpt, start_hub, stop_hub  # noqa: E402
 
 from gpulab import gpu_share  # noqa: E402
@@ -36,7 +50,9 @@ from gpulab.course.checks import load_key_module  # noqa: E402
 
 N_LEARNERS = 10
 DEVICES = tuple(f"GPU-{i}a1b2c3d-0000-4000-8000-00000000000{i}" for i in range(3))
-KERNEL_IDLE_S = 6
+MACHINE = [{"uuid": uuid_, "minor": i, "name": "NVIDIA H200"} for i, uuid_ in enumerate(DEVICES)]
+MEMORY, TASKS, SCRATCH = 2**30, 128, 64 * 2**20
+KERNEL_IDLE_S = 20          # long enough for the attacks to use the kernels of the first round
 CHAPTER = "01_device_basics"
 KEY = load_key_module(ROOT / "autograder" / "keys" / f"{CHAPTER}.py")
 ITEM_A, ITEM_B = "01-batch-bytes", "01-batch-mib"
@@ -79,8 +95,104 @@ if {with_torch}:
     seen["cap_queued"] = any(call.__qualname__ == "cap.<locals>.apply"
                              for call, _ in torch.cuda._queued_calls)
     seen["applied_fraction"] = gpulab.gpu_share.applied_fraction
+for folder in ("/tmp", "/var/tmp", "/dev/shm"):          # scratch files of one's own
+    open(f"{{folder}}/marker-{{seen['user']}}", "w").write("mine")
+if {plant!r}:     # a planted torch.compile cache for a classmate, world-writable as in issue 30
+    os.makedirs({plant!r}, exist_ok=True)
+    os.chmod({plant!r}, 0o777)
+    open(os.path.join({plant!r}, "planted.py"), "w").write("print('a classmate ran this')")
 print(json.dumps(seen))
 """
+
+# --------------------------------------------------------------------------------------------
+# What hostile learners try while their classmates work (phase 2 of the room)
+
+HOG = """
+held = []
+while len(held) < 4 * %d // (32 * 2**20):      # four times the limit: a wall that failed
+    held.append(bytearray(32 * 2**20))         # zero-filled, so every page is touched
+print("the hog got", len(held) * 32, "MiB")
+""" % MEMORY
+STORM = """
+import errno, json, os, time
+children, failed = [], None
+try:
+    while len(children) < 5000:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        children.append(pid)
+except OSError as error:
+    failed = errno.errorcode.get(error.errno)
+time.sleep(6)                        # held at the limit while a classmate starts a kernel
+for pid in children:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+print(json.dumps({"started": len(children), "failed": failed}))
+"""
+FILL_SHM = """
+import json, os
+def usage():
+    for line in open("/proc/self/cgroup").read().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return int(open(f"/sys/fs/cgroup/memory{path}/memory.usage_in_bytes").read())
+        if controllers == "" and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+            return int(open(f"/sys/fs/cgroup{path}/memory.current").read())
+before, written, failed = usage(), 0, None
+try:
+    with open("/dev/shm/filling", "wb", buffering=0) as f:
+        for _ in range(100):
+            written += f.write(b"x" * 2**20)
+except OSError as error:
+    failed = error.errno
+grew = usage() - before
+os.remove("/dev/shm/filling")
+print(json.dumps({"written": written, "failed": failed, "grew": grew}))
+"""
+OPEN_NODES = """
+import json, os
+opened = {}
+for path in %r:
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        opened[path] = "opened"
+    except OSError as error:
+        opened[path] = error.errno
+print(json.dumps(opened))
+"""
+LOOK_AROUND = """
+import json, os
+seen = {folder: sorted(os.listdir(folder)) for folder in ("/tmp", "/var/tmp", "/dev/shm")}
+for path in %r:
+    try:
+        os.listdir(path) if os.path.isdir(path) else open(path).read(1)
+        seen[path] = "read"
+    except PermissionError:
+        seen[path] = "denied"
+print(json.dumps(seen))
+"""
+INDUCTOR_CACHE = """
+import json, os
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+cache = default_cache_dir()
+print(json.dumps({"cache": cache, "planted": os.path.exists(os.path.join(cache, "planted.py"))}))
+"""
+TRAPS = """
+import os
+course = os.path.expanduser("~/course")
+def replace(chapter, make):
+    path = f"{course}/{chapter}/{chapter}.ipynb"
+    os.remove(path)
+    make(path)
+replace("02_vram_arithmetic", lambda p: os.symlink(%r, p))   # a notebook only root may read
+replace("03_throughput", os.mkfifo)                              # reading it would wait forever
+replace("04_mixed_precision", lambda p: os.truncate(open(p, "w").name, 2 * 10**9))  # 2 GB sparse
+replace("05_checkpointing_accumulation", lambda p: os.symlink("/etc/shadow", p))
+print("set")
+"""
+SECRET_ITEM = "99-secret-item"
 
 
 # --------------------------------------------------------------------------------------------
@@ -96,13 +208,28 @@ def room():
         pytest.fail("the workshop's proxy is not installed: make test installs it (npm ci --prefix workshop)")
     room = start_hub({"WORKSHOP_GROUP": GROUP, "WORKSHOP_DEVICES": ",".join(DEVICES),
                       "WORKSHOP_LEARNERS": str(N_LEARNERS), "WORKSHOP_KERNEL_IDLE_S": str(KERNEL_IDLE_S),
-                      "WORKSHOP_CODE": "room-code-42", "WORKSHOP_ADMIN": "wshost"})
+                      "WORKSHOP_CODE": "room-code-42", "WORKSHOP_ADMIN": "wshost",
+                      "WORKSHOP_MEMORY": str(MEMORY), "WORKSHOP_TASKS": str(TASKS),
+                      "WORKSHOP_SCRATCH": str(SCRATCH), "MODELLED_NVML": json.dumps(MACHINE),
+                      "PYTHONPATH": str(ROOT / "tests" / "modelled_nvml")})
     room["timings"] = {"hub up": room["hub_up_s"]}
     try:
         play(room)
         yield room
     finally:
         stop_hub(room)
+
+
+def stand_in_nodes(folder: Path) -> dict[str, Path]:
+    """mknod stand-ins for each modelled GPU's node and nvidiactl: NVIDIA's numbers, no driver."""
+    folder.mkdir(mode=0o755)
+    nodes = {d["uuid"]: folder / f"nvidia{d['minor']}" for d in MACHINE}
+    nodes["ctl"] = folder / "nvidiactl"
+    for name, path in nodes.items():
+        minor = 255 if name == "ctl" else int(path.name.removeprefix("nvidia"))
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(walls.NVIDIA_MAJOR, minor))
+        path.chmod(0o666)
+    return nodes
 
 
 def play(room: dict) -> None:
@@ -113,7 +240,7 @@ def play(room: dict) -> None:
     browsers = [Browser(base, learner(i)) for i in range(N_LEARNERS)]
 
     def sign_up_and_spawn(b: Browser):
-        reply = b.sign_in(password=f"pw-{b.name}", code=env["WORKSHOP_CODE"])
+        reply = b.sign_up(password=f"pw-{b.name}", code=env["WORKSHOP_CODE"])
         assert reply.status_code == 302, (b.name, reply.status_code, reply.text[:500])
         b.use_token()
         b.spawn()
@@ -129,14 +256,15 @@ def play(room: dict) -> None:
     room["browsers"] = browsers
 
     # Two who may not get in: a wrong code, and someone else claiming a taken name.
-    room["wrong_code"] = Browser(base, "wsnewcomer").sign_in("pw-newcomer", code="wrong-code").status_code
-    room["taken_name"] = Browser(base, learner(1)).sign_in("pw-impostor", code=env["WORKSHOP_CODE"]).status_code
+    room["wrong_code"] = Browser(base, "wsnewcomer").sign_up("pw-newcomer", code="wrong-code").status_code
+    room["taken_name"] = Browser(base, learner(1)).sign_up("pw-impostor", code=env["WORKSHOP_CODE"]).status_code
 
     # Learner 0's kernel dies; their server starts it again (their probe runs in it, below).
     dying = browsers[0].start_kernel(path=f"course/{CHAPTER}")
     room["death"] = browsers[0].execute(dying, "import os; os._exit(1)")
 
-    # Then everyone runs their probe (learner 2 imports torch too) and saves the verdicts.
+    # Then everyone runs their probe (learner 2 imports torch too) and saves the verdicts;
+    # learner 1 plants a torch.compile cache for learner 2.
     homes = {b.name: pwd.getpwnam(b.name).pw_dir for b in browsers}
 
     def probe(i: int) -> dict:
@@ -145,7 +273,8 @@ def play(room: dict) -> None:
         a = answers(i)
         code = PROBE.format(item_a=ITEM_A, answer_a=a[ITEM_A], item_b=ITEM_B, answer_b=a[ITEM_B],
                             chapter=CHAPTER, with_torch=i == 2, other_home=homes[other],
-                            other_notebook=f"{homes[other]}/course/{CHAPTER}/{CHAPTER}.ipynb")
+                            other_notebook=f"{homes[other]}/course/{CHAPTER}/{CHAPTER}.ipynb",
+                            plant=f"/tmp/torchinductor_{learner(2)}" if i == 1 else "")
         result = b.execute(kernel, code)
         assert "error" not in result and not result["died"], (b.name, result)
         b.save_verdicts(CHAPTER, result["displays"])
@@ -155,14 +284,83 @@ def play(room: dict) -> None:
     with ThreadPoolExecutor(N_LEARNERS) as pool:
         probed = list(pool.map(probe, range(N_LEARNERS)))
     room["seen"] = {b.name: seen for b, (seen, _) in zip(browsers, probed)}
-    room["idle_kernel"] = probed[1][1]      # learner 1 leaves their kernel idle from now on
+    kernels = {b.name: kernel for b, (_, kernel) in zip(browsers, probed)}
+    room["idle_kernel"] = kernels[learner(1)]      # learner 1 leaves their kernel idle from now on
     timings["10 kernels probed"] = time.monotonic() - t
     room["servers_after"] = {b.name: b.api("GET", "status").status_code for b in browsers}
 
-    # The host opens the progress page.
+    # Phase 2: the walls attacked, each attack beside a classmate who keeps working.
+    t = time.monotonic()
+    nodes = stand_in_nodes(room["tmp"] / "dev")
+    secret = room["tmp"] / "secret.ipynb"           # root's: a learner's symlink must not reach it
+    secret.write_text(json.dumps({"cells": [{"cell_type": "code", "source": f'check("{SECRET_ITEM}", 1)',
+                                             "metadata": {}, "outputs": [{"output_type": "display_data",
+                                             "metadata": {}, "data": {"text/html": '<div class="gpulab-check-right">'}}]}]}))
+    secret.chmod(0o600)
+    private = [str(ROOT / "solutions"), str(ROOT / "autograder" / "keys"),
+               str(ROOT / "autograder" / "keys" / f"{CHAPTER}.py")]
+    hub_answers = []
+
+    def keep_asking_the_hub(stop: threading.Event):
+        while not stop.is_set():
+            try:
+                hub_answers.append(requests.get(f"{base}/hub/api", timeout=10).status_code)
+            except requests.RequestException as error:
+                hub_answers.append(repr(error))
+            stop.wait(0.25)
+
+    def attack(name: str):
+        if name == "guesser":
+            return guess_passwords(base, env["WORKSHOP_CODE"])
+        b = browsers[int(name[-1])]
+        if name == "hog 3":                # in a kernel of its own
+            return b.execute(b.start_kernel(), HOG, timeout=120)
+        if name == "working 4":            # a classmate's kernel, started before the hog, computing
+            return b.execute(kernels[b.name], "print(sum(i * i for i in range(3 * 10**6)))")
+        if name == "storm 5":
+            return b.execute(kernels[b.name], STORM, timeout=120)
+        if name == "new kernel 6":         # a classmate starting a kernel during the storm
+            time.sleep(1)
+            return b.execute(b.start_kernel(), "print(6 * 7)")
+        if name == "shm 7":
+            return b.execute(kernels[b.name], FILL_SHM)
+        if name == "nodes 8":
+            found = b.execute(kernels[b.name], OPEN_NODES % [str(p) for p in nodes.values()])
+            found["traps"] = b.execute(kernels[b.name], TRAPS % str(secret))
+            return found
+        if name == "look 9":
+            return b.execute(kernels[b.name], LOOK_AROUND % private)
+        assert name == "inductor 2"
+        return b.execute(kernels[b.name], INDUCTOR_CACHE)
+
+    attacks = ["hog 3", "storm 5", "shm 7", "nodes 8", "look 9", "inductor 2", "working 4",
+               "new kernel 6", "guesser"]
+    stop = threading.Event()
+    asker = threading.Thread(target=keep_asking_the_hub, args=(stop,))
+    asker.start()
+    try:
+        with ThreadPoolExecutor(len(attacks)) as pool:
+            room["attacks"] = dict(zip(attacks, pool.map(attack, attacks)))
+    finally:
+        stop.set()
+        asker.join()
+    room["hub_answers"], room["nodes"], room["private"] = hub_answers, nodes, private
+    room["after_hog"] = browsers[3].execute(browsers[3].start_kernel(), "from gpulab import gpu_share\n"
+                                            "print('\\n'.join(gpu_share.share_lines(None)))")
+    room["classmate_after_hog"] = browsers[4].execute(kernels[learner(4)], "print('still here')")
+    applier = walls.detect(GROUP)[0]
+    events = (applier.folder("memory", learner(3)) / "memory.oom_control"
+              if isinstance(applier, walls.CgroupV1) else applier.folder(learner(3)) / "memory.events")
+    room["hog_oom_kills"] = int(re.search(r"oom_kill (\d+)", events.read_text()).group(1))
+    timings["attacks"] = time.monotonic() - t
+
+    # The host signs in (landing on the Admin page) and opens the progress page.
     host = Browser(base, env["WORKSHOP_ADMIN"])
-    assert host.sign_in(env["WORKSHOP_ADMIN_CODE"]).status_code == 302
+    room["host_sign_in"] = host.sign_in(env["WORKSHOP_ADMIN_CODE"])
+    room["host_servers"] = host.http.get(f"{base}/hub/api/user", timeout=30).json().get("servers")
+    t = time.monotonic()
     page = host.http.get(f"{base}/services/progress/", timeout=60)
+    room["progress_s"] = time.monotonic() - t
     room["progress"] = (page.status_code, page.text)
     room["learner_progress_blocked"] = browsers[3].http.get(
         f"{base}/services/progress/", timeout=60, allow_redirects=False).status_code
@@ -170,13 +368,32 @@ def play(room: dict) -> None:
     # Learner 1's idle kernel goes within the culler's timeout and interval.
     t = time.monotonic()
     while time.monotonic() - t < 4 * KERNEL_IDLE_S:
-        kernels = [k["id"] for k in browsers[1].api("GET", "kernels").json()]
-        if room["idle_kernel"] not in kernels:
+        kernels_now = [k["id"] for k in browsers[1].api("GET", "kernels").json()]
+        if room["idle_kernel"] not in kernels_now:
             break
         time.sleep(0.5)
-    room["idle_kernel_left"] = room["idle_kernel"] in kernels
+    room["idle_kernel_left"] = room["idle_kernel"] in kernels_now
     timings["all"] = time.monotonic() - start + timings["hub up"]
     print("workshop timings (s):", {k: round(v, 1) for k, v in timings.items()})
+
+
+def guess_passwords(base: str, code: str) -> dict:
+    """Someone signs up, then someone else guesses their password; a name the system uses."""
+    seen = {"sign_up": Browser(base, "wsguessed").sign_up("right-password", code).status_code}
+    guesser = Browser(base, "wsguessed")
+    seen["guesses"] = [guesser.sign_in(f"guess-{n}").status_code for n in range(4)]  # 3 free
+    locked = guesser.sign_in("right-password")            # locked, even with the right one
+    seen["locked"] = (locked.status_code, locked.text)
+    time.sleep(1.2)
+    seen["one more guess"] = guesser.sign_in("guess-5").status_code
+    locked = guesser.sign_in("right-password")
+    seen["locked again"] = (locked.status_code, locked.text)   # longer this time
+    time.sleep(2.2)
+    seen["right after"] = guesser.sign_in("right-password").status_code
+    for name in ("adm", "daemon"):                          # a system group; a system account
+        reply = Browser(base, name).sign_up("pw-system", code)
+        seen[name] = (reply.status_code, reply.text)
+    return seen
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,11 +456,166 @@ def test_the_progress_page_shows_each_learners_answered_quizzes(room):
         assert CHAPTER in row
 
 
+def output(result: dict) -> dict:
+    """The JSON a hostile snippet printed last, or the whole result when it printed none."""
+    assert "error" not in result and not result["died"], result
+    return json.loads(result["stdout"].strip().splitlines()[-1])
+
+
+def test_a_memory_hog_is_stopped_while_a_classmate_keeps_working_and_the_hub_answers(room):
+    hog = room["attacks"]["hog 3"]
+    assert hog["died"] or "MemoryError" in hog.get("error", ""), hog
+    assert room["hog_oom_kills"] >= 1, "the kernel's own memory cgroup stopped it"
+    assert room["attacks"]["working 4"]["stdout"].strip() == str(sum(i * i for i in range(3 * 10**6)))
+    assert room["classmate_after_hog"]["stdout"].strip() == "still here"
+    assert room["hub_answers"] and set(room["hub_answers"]) == {200}, room["hub_answers"]
+    # The learner can read the limit that stopped them (the doctor shows these lines).
+    assert re.search(rf"workshop memory +{MEMORY / 2**30:.2f} GiB for all your processes",
+                     room["after_hog"]["stdout"]), room["after_hog"]
+
+
+def test_a_process_storm_stops_at_the_tasks_limit_while_a_classmate_starts_a_kernel(room):
+    storm = output(room["attacks"]["storm 5"])
+    assert storm["failed"] == "EAGAIN" and 0 < storm["started"] < TASKS, storm
+    assert room["attacks"]["new kernel 6"]["stdout"].strip() == "42"
+
+
+def test_scratch_is_private_capped_and_counted_in_the_learners_memory(room):
+    look = output(room["attacks"]["look 9"])
+    me = learner(9)
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+        markers = [n for n in look[folder] if n.startswith("marker-")]
+        assert markers == [f"marker-{me}"], (folder, look[folder])
+    assert not any(n.startswith("torchinductor_") for n in look["/tmp"])
+    shm = output(room["attacks"]["shm 7"])
+    assert shm["failed"] == errno.ENOSPC and SCRATCH - 2**20 <= shm["written"] <= SCRATCH, shm
+    assert shm["grew"] >= shm["written"] * 0.9, "tmpfs pages count in the learner's memory"
+
+
+def test_a_planted_torch_compile_cache_has_no_effect(room):
+    found = output(room["attacks"]["inductor 2"])
+    assert found["cache"] == f"/tmp/torchinductor_{learner(2)}" and found["planted"] is False
+
+
+def test_a_learner_can_open_their_own_gpu_only(room):
+    opened = output(room["attacks"]["nodes 8"])
+    own = room["nodes"][room["seen"][learner(8)]["CUDA_VISIBLE_DEVICES"]]
+    for name, node in room["nodes"].items():
+        # ENXIO: the node may be opened, but no driver answers; EPERM: the devices cgroup refused
+        expected = errno.ENXIO if node in (own, room["nodes"]["ctl"]) else errno.EPERM
+        assert opened[str(node)] == expected, (name, opened)
+
+
+def test_learners_cannot_read_the_solutions_or_the_keys(room):
+    look = output(room["attacks"]["look 9"])
+    assert [look[p] for p in room["private"]] == ["denied"] * 3, look
+    import check
+    lines, walled = check.walls_lines(plan.settings_from_env({"WORKSHOP_DEVICES": "none"}), GROUP)
+    assert walled and "walls                 cgroup v1" in lines[0], lines
+    assert "instructor folders    closed to learner accounts" in lines[2], lines
+
+
+def test_failed_sign_ins_lock_the_name_for_a_growing_while(room):
+    seen = room["attacks"]["guesser"]
+    assert seen["sign_up"] == 302 and seen["guesses"] == [403] * 4, seen
+    assert seen["locked"][0] == 429 and "wait 1 s" in seen["locked"][1], seen["locked"][0]
+    assert seen["one more guess"] == 403
+    assert seen["locked again"][0] == 429 and "wait 2 s" in seen["locked again"][1]
+    assert seen["right after"] == 302, "the right password works again after the lock"
+
+
+def test_a_system_name_is_refused_before_anything_is_saved(room):
+    seen = room["attacks"]["guesser"]
+    saved = json.loads((room["tmp"] / "state" / "learners.json").read_text())
+    for name in ("adm", "daemon"):
+        status, text = seen[name]
+        assert status == 403 and "already used on this server" in text, (name, status)
+        assert name not in saved and not accounts.is_learner_account(name, GROUP)
+
+
+def test_the_host_lands_on_the_admin_page_without_a_server(room):
+    reply = room["host_sign_in"]
+    assert reply.status_code == 302 and reply.headers["Location"].endswith("/hub/admin")
+    assert room["host_servers"] == {}
+
+
+def test_the_progress_page_answers_through_fifos_symlinks_and_huge_files(room):
+    assert room["attacks"]["nodes 8"]["traps"]["stdout"].strip() == "set"
+    status, page = room["progress"]
+    assert status == 200 and SECRET_ITEM not in page and "root:" not in page
+    row = re.search(rf'<tr id="learner-{learner(8)}">(.*?)</tr>', page, re.S).group(1)
+    assert CHAPTER in row                                   # the rest of their folder was read
+    print(f"progress page with the traps set: {room['progress_s']:.2f} s")
+    assert room["progress_s"] < 10, "a learner's folder held the page"
+
+
+def test_the_first_minutes_in_chromium(room):
+    """A learner signs in and lands on "start here" without a news prompt or an empty menu, and
+    runs the doctor in a terminal; the host lands on the Admin page, and the progress page links
+    back and fits 1280 px. (The sign-up page is checked here too; the room signed up over HTTP.)"""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import browser
+    base, b0 = room["base"], room["browsers"][0]
+    with browser.chromium() as chromium:
+        page = chromium.new_page(viewport=browser.VIEWPORT)
+        page.goto(f"{base}/hub/login")
+        page.click("#signup-link a")
+        page.wait_for_url("**/hub/signup")
+        assert page.locator("h1").inner_text().strip() == "Sign up"
+        assert hub.NAME_RULES in page.locator("#name-rules").inner_text()
+        assert page.locator("input[name=otp]").count() == 1
+        page.goto(f"{base}/hub/login")
+        assert page.locator("input[name=otp]").count() == 0     # signing in needs no code
+        page.fill("#username_input", b0.name)
+        page.fill("#password_input", f"pw-{b0.name}")
+        page.click("#login_submit")
+        page.wait_for_selector(".jp-RenderedMarkdown h1", timeout=90_000)
+        assert "Start here" in page.locator(".jp-RenderedMarkdown h1").first.inner_text()
+        page.wait_for_timeout(3000)           # JupyterLab asks about news within its first seconds
+        assert page.locator(".jp-toast-button", has_text="No").count() == 0
+        menus = page.locator(".lm-MenuBar-itemLabel").all_inner_texts()
+        assert "File" in menus and not any("grader" in m.lower() for m in menus), menus
+        browser.menu(page, "File", "New", "Terminal")
+        page.wait_for_selector(".jp-Terminal", timeout=30_000)
+        page.locator(".jp-Terminal").first.click()
+        page.keyboard.type("python -m gpulab doctor > ~/doctor.txt 2>&1; mv ~/doctor.txt ~/doctor.done\n")
+        deadline, report = time.monotonic() + 120, None
+        while report is None and time.monotonic() < deadline:
+            reply = b0.api("GET", "contents/doctor.done")
+            report = reply.json()["content"] if reply.ok else None
+            time.sleep(1)
+        assert report and "Verdict: " in report and "workshop memory" in report, report
+
+        host = chromium.new_page(viewport=browser.VIEWPORT)
+        host.goto(f"{base}/hub/login")
+        host.fill("#username_input", room["env"]["WORKSHOP_ADMIN"])
+        host.fill("#password_input", room["env"]["WORKSHOP_ADMIN_CODE"])
+        host.click("#login_submit")
+        host.wait_for_url("**/hub/admin", timeout=30_000)
+        host.goto(f"{base}/services/progress/")
+        host.wait_for_selector("#back-to-admin")
+        assert host.locator("#back-to-admin").get_attribute("href").endswith("/hub/admin")
+        width = host.evaluate("document.documentElement.scrollWidth")
+        assert width <= browser.VIEWPORT["width"], f"the progress page is {width} px wide"
+
+
+def test_the_banner_gives_the_room_an_address_it_can_reach(room):
+    banner = re.search(r"open\s+http://([^:/]+):(\d+)/(.*)", room["log"].read_text())
+    assert banner and banner.group(1) == "127.0.0.1" and "only this machine" in banner.group(3)
+    import run
+    address = run.room_address("0.0.0.0")           # what a hub listening everywhere prints
+    with socket.create_server(("0.0.0.0", 0)) as listening:
+        with socket.create_connection((address, listening.getsockname()[1]), timeout=5):
+            pass                                     # this machine answers at that address
+    assert not socket.gethostbyname(address).startswith("127."), address
+
+
 def test_stopping_removes_every_process_account_and_file(room):
     names = [learner(i) for i in range(N_LEARNERS)]
     uids = {pwd.getpwnam(n).pw_uid for n in names}
     stop_hub(room)
-    assert set(room["removed"]) == set(names) | {room["env"]["WORKSHOP_ADMIN"]}
+    assert set(room["removed"]) == set(names) | {room["env"]["WORKSHOP_ADMIN"], "wsguessed"}
+    assert room["walls_left"] == [], "the hub removes the learners' cgroups when it stops"
     for n in names:
         with pytest.raises(KeyError):
             pwd.getpwnam(n)
@@ -308,7 +680,7 @@ def test_progress_reads_verdicts_from_saved_outputs(tmp_path):
     (tmp_path / "course" / "02_x" / "02_x.ipynb").write_text("not json")
     got = progress.learner_progress(tmp_path)
     assert got == {"chapters": {CHAPTER: {"01-a": "right", "01-b": "wrong", "01-c": "not run"},
-                                "02_x": {}}, "current": CHAPTER}
+                                "02_x": {}}, "current": CHAPTER, "complete": True}
 
 
 def test_workshop_check_counts_the_learners_that_fit(tmp_path):
@@ -332,3 +704,187 @@ def test_workshop_check_counts_the_learners_that_fit(tmp_path):
                       {"footprint": {"peak_bytes": 5 * 2**30}}]}))
     assert check.measured_footprint(tmp_path) == (5 * 2**30, "the largest chapter footprint "
                                                   "measured in gpu-check-2026-01-01-h200.json")
+
+
+def test_each_learners_limits_follow_the_machine_and_the_host(monkeypatch):
+    s = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_LEARNERS": "30"},
+                               cores=16, ram=512 * 2**30)
+    assert s.memory_bytes == int(512 * 0.9 * 2**30 / 30) // 2**20 * 2**20       # 15.4 GiB each
+    assert (s.tasks, s.scratch_bytes, s.walls) == (512, s.memory_bytes // 2, True)
+    s = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_MEMORY": "768M",
+                                "WORKSHOP_TASKS": "64", "WORKSHOP_SCRATCH": "1.5G",
+                                "WORKSHOP_WALLS": "off"}, ram=24 * 2**30)
+    assert (s.memory_bytes, s.tasks, s.scratch_bytes, s.walls) == (768 * 2**20, 64, 3 * 2**29, False)
+    assert plan.learner_limits(s, "MIG-x") == plan.Limits(768 * 2**20, 100, 64, 3 * 2**29, "MIG-x")
+    assert plan.memory_per_learner(24 * 2**30, 30) == 737 * 2**20      # 2.4 GiB kept for the hub
+    with pytest.raises(ValueError, match="too little"):
+        plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_LEARNERS": "100"}, ram=16 * 2**30)
+    with pytest.raises(ValueError, match="size such as"):
+        plan.parse_size("WORKSHOP_MEMORY", "lots")
+
+
+LIMITS = plan.Limits(2**30, 100, 512, 2**29, DEVICES[1])
+PROC_DEVICES = """Character devices:
+  1 mem
+  5 /dev/tty
+136 pts
+195 nvidia-frontend
+234 nvidia-caps
+510 nvidia-uvm
+
+Block devices:
+  8 sd
+"""
+
+
+@pytest.fixture
+def machine(tmp_path):
+    """A stand-in /proc and /dev of a GPU server: devices, MIG capability minors, two GPUs' nodes."""
+    proc, dev = tmp_path / "proc", tmp_path / "dev"
+    (proc / "driver" / "nvidia-caps").mkdir(parents=True)
+    (proc / "devices").write_text(PROC_DEVICES)
+    (proc / "driver" / "nvidia-caps" / "mig-minors").write_text(
+        "config 1\nmonitor 2\ngpu1/gi7/access 66\ngpu1/gi7/ci0/access 67\ngpu1/gi8/access 75\n")
+    (dev / "nvidia-caps").mkdir(parents=True)
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-caps/nvidia-cap66", "nvidia-caps/nvidia-cap75"):
+        (dev / name).touch()
+    gpus = [dict(MACHINE[0]), {**MACHINE[1], "migs": [{"uuid": "MIG-aaaa", "gi": 7, "ci": 0}]}]
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_device import modelled_pynvml
+    return proc, dev, modelled_pynvml(gpus)
+
+
+def test_device_nodes_are_the_learners_gpu_or_mig_instance_and_no_other(machine):
+    proc, dev, nvml = machine
+    common = [walls.Node(f"{dev}/nvidiactl", 195, 255), walls.Node(f"{dev}/nvidia-uvm", 510, 0),
+              walls.Node(f"{dev}/nvidia-uvm-tools", 510, 1)]
+    assert walls.device_nodes(DEVICES[0], nvml, proc, dev) == common + [walls.Node(f"{dev}/nvidia0", 195, 0)]
+    mig = walls.device_nodes("MIG-aaaa", nvml, proc, dev)
+    assert mig == common + [walls.Node(f"{dev}/nvidia1", 195, 1),        # MIG User Guide's caps:
+                            walls.Node(f"{dev}/nvidia-caps/nvidia-cap66", 234, 66, "r"),  # GI 7
+                            walls.Node(f"{dev}/nvidia-caps/nvidia-cap67", 234, 67, "r")]  # its CI 0
+    assert walls.other_nvidia_nodes(mig, dev) == [f"{dev}/nvidia-caps/nvidia-cap75", f"{dev}/nvidia0"]
+    assert walls.device_nodes(None, nvml, proc, dev) == []
+    rules = walls.v1_device_rules(mig, proc)
+    assert rules[:8] == ["c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm",
+                         "c 5:0 rwm", "c 5:2 rwm", "c 136:* rw"]    # DevicePolicy=closed's list
+    assert rules[8:] == ["c 195:255 rw", "c 510:0 rw", "c 510:1 rw", "c 195:1 rw", "c 234:66 r", "c 234:67 r"]
+
+
+def test_the_systemd_applier_starts_each_server_in_a_scope_with_the_plan(machine):
+    """Not run here (no systemd): the command is checked against systemd-run(1) and
+    systemd.resource-control(5)."""
+    proc, dev, nvml = machine
+    nodes = walls.device_nodes(DEVICES[1], nvml, proc, dev)
+    command, env = walls.Systemd("gpulab-learners").start("ada", LIMITS, nodes)
+    assert command[:4] == ["systemd-run", "--scope", "--quiet", "--collect"] and command[-1] == "--"
+    assert "--unit=gpulab-learners-ada.scope" in command and "--slice=gpulab-learners.slice" in command
+    properties = [command[i + 1] for i, word in enumerate(command) if word == "--property"]
+    assert properties == [f"MemoryMax={2**30}", "MemorySwapMax=0", "CPUWeight=100", "TasksMax=512",
+                          "DevicePolicy=closed", f"DeviceAllow={dev}/nvidiactl rw",
+                          f"DeviceAllow={dev}/nvidia-uvm rw", f"DeviceAllow={dev}/nvidia-uvm-tools rw",
+                          f"DeviceAllow={dev}/nvidia1 rw"]
+    assert env == {}
+
+
+def test_the_cgroup_v2_applier_on_a_stand_in_hierarchy(tmp_path, machine):
+    """Not run for real here (this machine mounts v1): what it writes, on plain folders."""
+    proc, dev, nvml = machine
+    base = tmp_path / "cgroup" / "hub.slice"
+    base.mkdir(parents=True)
+    (tmp_path / "cgroup" / "cgroup.controllers").write_text("cpu memory pids io\n")
+    (base / "cgroup.controllers").write_text("cpu memory pids io\n")
+    (base / "cgroup.procs").write_text("4242\n")
+    applier, why = walls.detect("ws", tmp_path / "cgroup", tmp_path / "run", proc_with(tmp_path, "0::/hub.slice\n"), dev)
+    assert isinstance(applier, walls.CgroupV2) and "cgroup v2" in why
+    applier.prepare(30)
+    assert (base / "ws-hub" / "cgroup.procs").read_text() == "4242\n"       # no internal process
+    assert (base / "ws-hub" / "cpu.weight").read_text() == (base / "ws" / "cpu.weight").read_text() == "3000\n"
+    assert (base / "cgroup.subtree_control").read_text() == "+memory +pids +cpu\n"
+    assert (base / "ws" / "cgroup.subtree_control").read_text() == "+memory +pids +cpu\n"
+    command, env = applier.start("ada", LIMITS, walls.device_nodes(DEVICES[0], nvml, proc, dev))
+    folder = base / "ws" / "ada"
+    assert {f: (folder / f).read_text() for f in ("memory.max", "pids.max", "cpu.weight")} == {
+        "memory.max": f"{2**30}\n", "pids.max": "512\n", "cpu.weight": "100\n"}
+    assert command == [] and env["GPULAB_WORKSHOP_CGROUPS"] == str(folder)
+    assert env["GPULAB_WORKSHOP_MASK"].split(":") == [f"{dev}/nvidia-caps/nvidia-cap66",
+                                                      f"{dev}/nvidia-caps/nvidia-cap75", f"{dev}/nvidia1"]
+
+
+def proc_with(tmp_path: Path, cgroup: str) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True, exist_ok=True)
+    (proc / "self" / "cgroup").write_text(cgroup)
+    return proc
+
+
+def test_detect_says_which_applier_a_host_gets(tmp_path, monkeypatch):
+    (tmp_path / "run" / "systemd" / "system").mkdir(parents=True)
+    monkeypatch.setattr(walls.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert isinstance(walls.detect("ws", run=tmp_path / "run")[0], walls.Systemd)
+    monkeypatch.undo()
+    applier, why = walls.detect("ws")                  # this machine, as the room uses it
+    assert isinstance(applier, walls.CgroupV1), why
+    nothing = proc_with(tmp_path, "5:memory:/\n")      # v1, but no pids, cpu or devices
+    (tmp_path / "none" / "memory").mkdir(parents=True)
+    assert walls.detect("ws", tmp_path / "none", tmp_path / "run-none", nothing) == (
+        None, f"no systemd, and the cgroup v1 hierarchies pids, cpu, devices are not mounted "
+              f"writable under {tmp_path / 'none'}")
+
+
+def test_sign_in_lockout_grows_and_forgets():
+    now = [0.0]
+    lock = hub.SignInLockout(free=3, window_s=600, clock=lambda: now[0])
+    for _ in range(3):
+        lock.failed("ada")
+    assert lock.wait_s("ada") == 0                     # three free tries
+    waits = []
+    for _ in range(4):
+        lock.failed("ada")
+        waits.append(lock.wait_s("ada"))
+    assert waits == [1, 2, 4, 8]
+    now[0] += 601                                      # old failures fall out of the window
+    lock.failed("ada")
+    assert lock.wait_s("ada") == 0
+    lock.succeeded("ada")
+    assert lock.times == {} and lock.locked_until == {}
+
+
+def test_progress_reads_only_regular_files_of_the_learner(tmp_path):
+    chapter = tmp_path / "course" / CHAPTER
+    chapter.mkdir(parents=True)
+    notebook = {"cells": [{"cell_type": "code", "source": 'check("01-a", a)', "outputs": [
+        {"output_type": "display_data", "data": {"text/html": '<div class="gpulab-check-right">'}}]}]}
+    elsewhere = tmp_path / "elsewhere.ipynb"
+    elsewhere.write_text(json.dumps(notebook))
+    (chapter / "linked.ipynb").symlink_to(elsewhere)
+    os.mkfifo(chapter / "fifo.ipynb")
+    with open(chapter / "huge.ipynb", "w") as f:
+        f.truncate(2 * 10**9)
+    (tmp_path / "course" / "02_x").symlink_to(tmp_path)            # a folder link out
+    t = time.monotonic()
+    assert progress.learner_progress(tmp_path)["chapters"] == {}
+    assert time.monotonic() - t < 5                                # nothing waited on the FIFO
+    (chapter / "own.ipynb").write_text(json.dumps(notebook))
+    assert progress.learner_progress(tmp_path)["chapters"] == {CHAPTER: {"01-a": "right"}}
+    assert progress.learner_progress(tmp_path, uid=65534)["chapters"] == {}   # not theirs: root's
+    assert progress.learner_progress(tmp_path, budget_s=0)["complete"] is False
+
+
+def test_the_instructors_folders_close_to_learners(tmp_path):
+    import tempfile
+    checkout = Path(tempfile.mkdtemp(prefix="gpulab-checkout-"))    # under /tmp, open to nobody
+    try:
+        checkout.chmod(0o755)
+        for name in ("solutions", "autograder/keys", "notebooks"):
+            (checkout / name).mkdir(parents=True, mode=0o755)
+        assert walls.readable_by_learners(checkout, None) == [str(checkout / "solutions"),
+                                                              str(checkout / "autograder")]
+        closed = walls.close_to_learners(checkout, None)
+        assert closed == [checkout / "solutions", checkout / "autograder"]
+        assert walls.readable_by_learners(checkout, None) == []
+        assert (checkout / "solutions").stat().st_mode & 0o777 == 0o750
+        assert (checkout / "notebooks").stat().st_mode & 0o777 == 0o755
+    finally:
+        import shutil
+        shutil.rmtree(checkout)

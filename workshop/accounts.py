@@ -30,6 +30,16 @@ def system_account_exists(name: str) -> bool:
         return False
 
 
+def system_name_taken(name: str) -> bool:
+    """Whether ``name`` is an account or a group on this machine (adm, lp, a service's group):
+    `useradd --user-group` could not make an account of that name."""
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return system_account_exists(name)
+
+
 def remove_learners(group: str = GROUP, log=print) -> list[str]:
     """Delete every account in ``group`` with its home and processes, then the group."""
     try:

@@ -2,7 +2,9 @@
 
 Prints the GPUs and MIG instances the driver lists (through NVML, nvidia-ml-py, never
 nvidia-smi's text), their free memory, the driver and torch, the plan (workshop/plan.py, the
-same variables as `make workshop`), and how many learners fit at the chapters' per-learner
+same variables as `make workshop`), the walls this machine gives each learner and with which
+tool (workshop/walls.py), whether a learner account could list the instructor's folders of the
+checkout (tried as one), and how many learners fit at the chapters' per-learner
 footprint. That footprint is the largest one a `make gpu-check` report in reports/ measured
 (the driver's count for a chapter's kernel and its children, CUDA context included), or, with
 no report, the course's budget of 4 GiB per learner that every solution notebook is designed to
@@ -10,6 +12,7 @@ stay under. Sizes in GiB (2^30 bytes).
 """
 from __future__ import annotations
 
+import grp
 import json
 import os
 import sys
@@ -19,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 import plan  # noqa: E402
+import walls  # noqa: E402
 
 # The NVIDIA MIG User Guide's profiles ("Supported MIG Profiles",
 # https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html): the
@@ -76,6 +80,31 @@ def fit_lines(devices: list[plan.Device], chosen: tuple[str, ...], settings: pla
     return lines, fits
 
 
+def walls_lines(settings: plan.Settings, group: str, root: Path = ROOT) -> tuple[list[str], bool]:
+    """The report's lines on the walls and the instructor's folders; False when the room would
+    run without walls it asked for."""
+    applier, why = walls.detect(group)
+    if not settings.walls:
+        lines = ["  walls                 OFF (WORKSHOP_WALLS=off): nothing stops one learner "
+                 "starving the others"]
+    else:
+        lines = [f"  walls                 {applier.name if applier else 'NONE'}: {why}"]
+    lines.append(f"  per learner           {gib(settings.memory_bytes)} of memory (swap and their "
+                 f"/tmp, /var/tmp, /dev/shm files included), {settings.tasks} tasks, CPU weight "
+                 f"{plan.CPU_WEIGHT} (the same for all), scratch {gib(settings.scratch_bytes)} "
+                 "each; their own GPU or MIG slice only")
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        gid = None
+    readable = walls.readable_by_learners(root, gid)
+    names = ", ".join(f"{Path(p).relative_to(root)}/" for p in readable)
+    lines.append("  instructor folders    " + (f"READABLE by a learner account: {names} "
+                 "(`make workshop` closes them)" if readable else "closed to learner accounts "
+                 f"({', '.join(walls.INSTRUCTOR_PATHS)}: tried as one)"))
+    return lines, applier is not None or not settings.walls
+
+
 def main() -> int:
     settings = plan.settings_from_env()
     devices = plan.nvml_devices()
@@ -96,6 +125,8 @@ def main() -> int:
     print(f"  learner footprint     {gib(footprint)}: {source}")
     print(f"  plan                  {settings.learners} learners on {len(settings.devices)} device(s)"
           + (f", memory cap {settings.memory_fraction:g} of the device each" if settings.devices else ""))
+    lines, walled = walls_lines(settings, os.environ.get("WORKSHOP_GROUP", "gpulab-learners"))
+    print("\n".join(lines))
     print("\n  devices (* = the workshop's, WORKSHOP_DEVICES or all by default):")
     lines, fits = fit_lines(devices, settings.devices, settings, footprint)
     print("\n".join(lines) if lines else "    none: the driver lists no GPU; learners run on the CPU")
@@ -103,6 +134,10 @@ def main() -> int:
         if any(model in d.name and d.parent is None for d in devices):
             print(f"\n  MIG on {model}: {layout} isolates learners in hardware (README, 'Running a workshop').")
             break
+    if not walled:
+        print("\nVerdict: NO WALLS: this machine has neither systemd nor writable cgroups, so one "
+              "learner could starve the room. Run it elsewhere, or accept it with WORKSHOP_WALLS=off.")
+        return 1
     if not settings.devices:
         print(f"\nVerdict: a CPU workshop for {settings.learners} learners; experiments shrink on the CPU.")
         return 0

@@ -10,7 +10,8 @@
 #   WORKSHOP_IP, WORKSHOP_PORT          where learners connect (default 0.0.0.0:8000)
 #   WORKSHOP_HUB_PORT, WORKSHOP_PROXY_API_PORT, WORKSHOP_PROGRESS_PORT  internal, on 127.0.0.1
 #   and the plan's WORKSHOP_DEVICES, _LEARNERS, _GPU_MEMORY_FRACTION, _THREADS, _KERNEL_IDLE_S,
-#   _SERVER_IDLE_S (workshop/plan.py).
+#   _SERVER_IDLE_S, _MEMORY, _TASKS, _SCRATCH, _WALLS (workshop/plan.py).
+import atexit
 import os
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import hub   # noqa: E402
 import plan  # noqa: E402
+import walls  # noqa: E402
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 env = os.environ
@@ -46,8 +48,8 @@ admin = env.get("WORKSHOP_ADMIN", "host")
 c.Authenticator.admin_users = {admin}
 c.Authenticator.allow_all = True                 # anyone with the workshop code may sign up
 c.Authenticator.username_pattern = hub.NAME_PATTERN
-c.Authenticator.request_otp = True               # the login form's extra field
-c.Authenticator.otp_prompt = "Workshop code (first sign-in only):"
+c.JupyterHub.template_paths = [str(HERE / "templates")]   # sign-in and sign-up pages
+c.JupyterHub.default_url = hub.landing_url       # the host on the Admin page, learners on theirs
 c.LocalAuthenticator.create_system_users = True
 c.WorkshopAuthenticator.workshop_code = env["WORKSHOP_CODE"]
 c.WorkshopAuthenticator.admin_code = env["WORKSHOP_ADMIN_CODE"]
@@ -58,17 +60,24 @@ c.WorkshopAuthenticator.group = env.get("WORKSHOP_GROUP", hub.GROUP)
 # 2 and 3. Each learner's server: their account, GPU, memory cap, threads; idle kernels culled.
 c.JupyterHub.spawner_class = hub.WorkshopSpawner
 hub.WorkshopSpawner.settings = settings
+if settings.walls:       # run.py has checked that this machine has a way (workshop/walls.py)
+    applier, _ = walls.detect(env.get("WORKSHOP_GROUP", hub.GROUP))
+    applier.prepare(settings.learners)
+    atexit.register(applier.finish)
+    hub.WorkshopSpawner.walls = applier
 hide, reveal = hub.reveal_plan([Path(sys.base_prefix).resolve(), VENV_BIN.parent, ROOT])
 hub.WorkshopSpawner.wrapper_env = {
     "GPULAB_WORKSHOP_COURSE": str(COURSE), "GPULAB_WORKSHOP_HIDE": hide,
     "GPULAB_WORKSHOP_REVEAL": reveal,
+    "GPULAB_WORKSHOP_START_HERE": str(HERE / "START_HERE.md"),
     "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
     # Learners' servers leave nbgrader's pages out (workshop/singleuser/).
     "JUPYTER_CONFIG_PATH": str(HERE / "singleuser"),
 }
 c.Spawner.env_keep = ["LANG", "LC_ALL"]
-c.Spawner.cmd = [str(HERE / "start_learner.sh"), str(VENV_BIN / "jupyterhub-singleuser")]
-c.Spawner.default_url = "/lab/tree/course"
+hub.WorkshopSpawner.learner_cmd = [str(HERE / "start_learner.sh"),
+                                   str(VENV_BIN / "jupyterhub-singleuser")]
+c.Spawner.default_url = "/lab/tree/course/START_HERE.md"     # opens as a rendered page
 c.Spawner.args = [
     f"--MappingKernelManager.cull_idle_timeout={settings.kernel_idle_s}",
     f"--MappingKernelManager.cull_interval={max(1, min(60, settings.kernel_idle_s // 4))}",

@@ -1,8 +1,8 @@
-"""The workshop's plan: its settings, which GPU each learner gets, and each learner's share.
+"""The workshop's plan: its settings, which GPU each learner gets, and each learner's walls.
 
 Pure functions (no JupyterHub, no torch), so the hub's config, `make workshop-check` and the
-tests compute the same plan. The host sets everything through environment variables, which
-`make workshop VAR=value` passes on:
+tests compute the same plan. workshop/walls.py applies each learner's ``Limits``. The host sets
+everything through environment variables, which `make workshop VAR=value` passes on:
 
     WORKSHOP_DEVICES          GPU or MIG UUIDs, comma-separated; "auto" (default): every MIG
                               instance the driver lists, else every GPU; "none": CPU only
@@ -12,14 +12,23 @@ tests compute the same plan. The host sets everything through environment variab
     WORKSHOP_THREADS          CPU threads per learner (default: cores / learners, at least 1)
     WORKSHOP_KERNEL_IDLE_S    an idle kernel is shut down after this many seconds (1200)
     WORKSHOP_SERVER_IDLE_S    an idle learner server is stopped after this many seconds (3600)
+    WORKSHOP_MEMORY           RAM for all of a learner's processes and scratch files together,
+                              e.g. 4G (default: the machine's RAM less HUB_RESERVE, shared out)
+    WORKSHOP_TASKS            processes and threads per learner (512)
+    WORKSHOP_SCRATCH          size of each of a learner's own /tmp, /var/tmp and /dev/shm
+                              (default: half their memory; the files count in it)
+    WORKSHOP_WALLS            "auto" (default): the walls with the tools this machine has
+                              (workshop/walls.py); "off": none, on a machine that has no way
 
-GiB = 2^30 bytes throughout.
+Sizes take K, M, G, T suffixes, powers of 1024 as systemd reads them. GiB = 2^30 bytes.
 """
 from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 GiB = 2**30
 # What one learner needs on the GPU: the course's budget per learner (gpulab.device's
@@ -30,6 +39,12 @@ LEARNER_FOOTPRINT_BYTES = 4 * GiB
 # Share of each device left outside the learners' caps: each process's CUDA context (a few
 # hundred MiB, outside the caching allocator and so outside its cap) and the allocator's rounding.
 CONTEXT_RESERVE = 0.15
+# RAM kept outside the learners' limits: the hub, its proxy and services (320 MiB measured with
+# 30 learners, README), the system, the page cache. The larger of 2 GiB and a tenth of the RAM.
+HUB_RESERVE_MIN_BYTES = 2 * GiB
+HUB_RESERVE_SHARE = 0.10
+TASKS_PER_LEARNER = 512       # a server, kernels with their threads, DataLoader workers, ranks
+CPU_WEIGHT = 100              # every learner the same: systemd's default CPUWeight
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,50 @@ class Settings:
     threads: int
     kernel_idle_s: int
     server_idle_s: int
+    memory_bytes: int = 4 * GiB  # per learner, everything they run and write to scratch
+    tasks: int = TASKS_PER_LEARNER
+    scratch_bytes: int = 2 * GiB
+    walls: bool = True
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One learner's walls, as workshop/walls.py applies them."""
+    memory_bytes: int          # RAM, swap included, their tmpfs scratch included
+    cpu_weight: int            # share of the CPU under contention, however many processes
+    tasks: int                 # processes and threads
+    scratch_bytes: int         # size of each of their /tmp, /var/tmp, /dev/shm
+    device: str | None         # the one GPU or MIG UUID their processes may open; None: no GPU
+
+
+def learner_limits(settings: Settings, device: str | None) -> Limits:
+    return Limits(settings.memory_bytes, CPU_WEIGHT, settings.tasks, settings.scratch_bytes,
+                  device)
+
+
+def machine_memory_bytes(proc: Path = Path("/proc")) -> int:
+    """The RAM the room may have: /proc/meminfo's MemTotal, or the memory limit of the hub's
+    own cgroup when a container sets a smaller one."""
+    from gpulab.gpu_share import own_cgroup_limit          # light: no torch
+    found = re.search(r"^MemTotal:\s+(\d+) kB", (proc / "meminfo").read_text(), re.M)
+    total = int(found.group(1)) * 1024
+    return min(total, own_cgroup_limit("memory") or total)
+
+
+def memory_per_learner(total_bytes: int, learners: int) -> int:
+    """Each learner's memory: the RAM less the hub's reserve, shared out, in whole MiB. 30
+    learners on a 24 GiB machine: 0.7 GiB each; on 512 GiB: 15.4 GiB."""
+    reserve = max(HUB_RESERVE_MIN_BYTES, int(HUB_RESERVE_SHARE * total_bytes))
+    return max(0, total_bytes - reserve) // learners // 2**20 * 2**20
+
+
+def parse_size(name: str, text: str) -> int:
+    """"768M", "4G", "4GiB", "1073741824" as bytes (K, M, G, T: powers of 1024)."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.I)
+    if not found:
+        raise ValueError(f"{name}={text!r}: give a size such as 768M or 4G")
+    power = " KMGT".index(found.group(2).upper() or " ")
+    return int(float(found.group(1)) * 1024**power)
 
 
 def learners_per_device(learners: int, devices: int) -> int:
@@ -106,7 +165,8 @@ def parse_devices(text: str) -> tuple[str, ...] | None:
     return devices
 
 
-def settings_from_env(environ=os.environ, cores: int | None = None) -> Settings:
+def settings_from_env(environ=os.environ, cores: int | None = None,
+                      ram: int | None = None) -> Settings:
     """The host's settings (module docstring); "auto" devices are asked from the driver."""
     devices = parse_devices(environ.get("WORKSHOP_DEVICES", "auto"))
     if devices is None:
@@ -119,18 +179,33 @@ def settings_from_env(environ=os.environ, cores: int | None = None) -> Settings:
         if not 0 < fraction <= 1:
             raise ValueError(f"WORKSHOP_GPU_MEMORY_FRACTION={text!r}: give a number in (0, 1]")
     cores = cores or os.cpu_count() or 1
+    text = environ.get("WORKSHOP_MEMORY", "").strip()
+    memory = (parse_size("WORKSHOP_MEMORY", text) if text else
+              memory_per_learner(machine_memory_bytes() if ram is None else ram, learners))
+    if memory < 256 * 2**20:
+        raise ValueError(f"{memory // 2**20} MiB per learner is too little for a Jupyter server "
+                         "and a kernel: plan fewer learners (WORKSHOP_LEARNERS) or give "
+                         "WORKSHOP_MEMORY")
+    text = environ.get("WORKSHOP_SCRATCH", "").strip()
+    walls = environ.get("WORKSHOP_WALLS", "auto").strip()
+    if walls not in ("auto", "off"):
+        raise ValueError(f"WORKSHOP_WALLS={walls!r}: give auto or off")
     return Settings(
         devices=devices, learners=learners, memory_fraction=fraction,
         threads=_int(environ, "WORKSHOP_THREADS", threads_per_learner(learners, cores)),
         kernel_idle_s=_int(environ, "WORKSHOP_KERNEL_IDLE_S", 1200),
-        server_idle_s=_int(environ, "WORKSHOP_SERVER_IDLE_S", 3600))
+        server_idle_s=_int(environ, "WORKSHOP_SERVER_IDLE_S", 3600),
+        memory_bytes=memory, tasks=_int(environ, "WORKSHOP_TASKS", TASKS_PER_LEARNER),
+        scratch_bytes=parse_size("WORKSHOP_SCRATCH", text) if text else memory // 2,
+        walls=walls == "auto")
 
 
 def learner_env(settings: Settings, device: str | None) -> dict[str, str]:
     """The environment a learner's server (and every kernel it starts) gets."""
     threads = str(settings.threads)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-           "OPENBLAS_NUM_THREADS": threads}
+           "OPENBLAS_NUM_THREADS": threads,
+           "GPULAB_WORKSHOP_SCRATCH_BYTES": str(settings.scratch_bytes)}
     if device is None:
         env["CUDA_VISIBLE_DEVICES"] = ""          # a CPU-only workshop hides any GPU
     else:

@@ -26,6 +26,7 @@ import websocket
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import accounts  # noqa: E402
+import walls  # noqa: E402
 
 
 def free_ports(n: int) -> list[int]:
@@ -47,12 +48,16 @@ class Browser:
         self.base, self.name = base, name
         self.http = requests.Session()
 
-    def sign_in(self, password: str, code: str = "") -> requests.Response:
-        self.http.get(f"{self.base}/hub/login", timeout=30)
+    def sign_in(self, password: str, code: str = "", page: str = "login") -> requests.Response:
+        """The sign-in form (or, with ``page="signup"``, the sign-up form and its code)."""
+        self.http.get(f"{self.base}/hub/{page}", timeout=30)
         xsrf = self.http.cookies.get("_xsrf")
-        return self.http.post(f"{self.base}/hub/login", allow_redirects=False, timeout=60,
+        return self.http.post(f"{self.base}/hub/{page}", allow_redirects=False, timeout=60,
                               data={"username": self.name, "password": password, "otp": code,
                                     "_xsrf": xsrf})
+
+    def sign_up(self, password: str, code: str) -> requests.Response:
+        return self.sign_in(password, code, page="signup")
 
     def use_token(self) -> None:
         """An API token of the signed-in learner's own (what JupyterLab's pages use, in short)."""
@@ -152,7 +157,8 @@ class Browser:
 def start_hub(settings: dict[str, str]) -> dict:
     """Start the hub with ``settings`` (WORKSHOP_* variables) added to this environment; wait
     until it answers. The dict it returns is what ``stop_hub`` needs, and the hub's address."""
-    tmp = Path(tempfile.mkdtemp(prefix="gpulab-workshop-"))
+    # Beside real homes: each learner's /tmp is their own tmpfs, which would hide a home under /tmp.
+    tmp = Path(tempfile.mkdtemp(prefix="gpulab-workshop-", dir="/home" if Path("/home").is_dir() else "/srv"))
     tmp.chmod(0o755)                       # learners must pass through to their homes
     (tmp / "homes").mkdir(mode=0o755)
     port, hub_port, api_port, progress_port = free_ports(4)
@@ -174,8 +180,9 @@ def start_hub(settings: dict[str, str]) -> dict:
         except requests.ConnectionError:
             pass
         if process.poll() is not None or time.monotonic() - start > 90:
+            said = log.read_text()[-3000:]
             stop_hub(room)
-            raise RuntimeError("the hub did not start:\n" + log.read_text()[-3000:])
+            raise RuntimeError("the hub did not start:\n" + said)
         time.sleep(0.2)
     room["hub_up_s"] = time.monotonic() - start
     return room
@@ -201,5 +208,20 @@ def stop_hub(room: dict) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(hub.pid, signal.SIGKILL)
             hub.wait()
+    # What the hub's walls left behind, then a safety net for a hub that died without cleaning up.
+    applier, _ = walls.detect(room["group"])
+    room["walls_left"] = [] if applier is None else leftover_cgroups(applier)
+    if applier is not None:
+        applier.finish()
     room["removed"] = accounts.remove_learners(room["group"], log=lambda _: None)
     shutil.rmtree(room["tmp"], ignore_errors=True)
+
+
+def leftover_cgroups(applier) -> list[str]:
+    """The cgroup folders of the workshop's group that still exist (none after a clean stop)."""
+    if isinstance(applier, walls.CgroupV1):
+        folders = [applier.folder(c) for c in applier.controllers] + [applier.hub_cpu]
+        return [str(f) for f in folders if f.exists()]
+    if isinstance(applier, walls.CgroupV2):
+        return [str(applier.folder())] if applier.folder().exists() else []
+    return []

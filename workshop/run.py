@@ -3,13 +3,17 @@
     python workshop/run.py                   start the hub (Ctrl-C stops it and every server)
     python workshop/run.py --remove-learners delete every learner account and home folder
 
-Runs as root: it creates a system account for each learner. The settings are environment
-variables (workshop/jupyterhub_config.py, workshop/plan.py). The learners' sign-up code and the
-admin code are generated on first start and kept in the state folder, so a restarted hub keeps
-them; set WORKSHOP_CODE / WORKSHOP_ADMIN_CODE to choose your own.
+Runs as root: it creates a system account for each learner and puts each learner's server
+inside walls (workshop/walls.py). Before the hub starts it closes the instructor's folders of
+the checkout to learners (solutions/, autograder/, the built book) and keeps the hub, and every
+process it starts before a learner's, out of the OOM killer's reach. The settings are
+environment variables (workshop/jupyterhub_config.py, workshop/plan.py). The learners' sign-up
+code and the admin code are generated on first start and kept in the state folder, so a
+restarted hub keeps them; set WORKSHOP_CODE / WORKSHOP_ADMIN_CODE to choose your own.
 """
 from __future__ import annotations
 
+import grp
 import json
 import os
 import secrets
@@ -22,6 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import plan  # noqa: E402
+import walls  # noqa: E402
 
 PROXY = HERE / "node_modules" / ".bin" / "configurable-http-proxy"
 
@@ -45,6 +50,26 @@ def codes(state: Path) -> dict[str, str]:
     return chosen
 
 
+def room_address(ip: str) -> str:
+    """The address to give the room: the one the hub listens on, when it is a single one; else
+    this machine's name if it resolves to an address other machines can use, else the address
+    of the interface its default route leaves by (a UDP connect picks it, sending nothing)."""
+    if ip not in ("", "0.0.0.0", "::"):
+        return ip
+    name = socket.getfqdn()
+    try:
+        if not socket.gethostbyname(name).startswith("127."):
+            return name
+    except OSError:
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("8.8.8.8", 53))
+            return probe.getsockname()[0]
+        except OSError:
+            return name
+
+
 def main() -> None:
     if os.geteuid() != 0:
         sys.exit("workshop: run it as root (sudo make workshop): the hub creates a system account "
@@ -66,7 +91,40 @@ def main() -> None:
         settings = plan.settings_from_env()
     except ValueError as error:
         sys.exit(f"workshop: {error}")
+    group = os.environ.get("WORKSHOP_GROUP", "gpulab-learners")
+    homes = Path(os.environ.get("WORKSHOP_HOMES", "/home")).resolve()
+    if any(homes.is_relative_to(scratch) for scratch in ("/tmp", "/var/tmp", "/dev/shm")):
+        sys.exit(f"workshop: WORKSHOP_HOMES={homes} lies in a folder each learner gets a private "
+                 "copy of (/tmp, /var/tmp, /dev/shm), where their home would vanish: use /home.")
+    applier, why = walls.detect(group)
+    if settings.walls and applier is None:
+        sys.exit(f"workshop: no way to wall learners in on this machine: {why}. Without walls one "
+                 "learner can starve the room: run it where systemd or writable cgroups are, or "
+                 "start it anyway with WORKSHOP_WALLS=off.")
+    walled = (f"{applier.name} ({why}): {settings.memory_bytes / plan.GiB:.1f} GiB, "
+              f"{settings.tasks} tasks, an equal CPU share and their own GPU each; "
+              f"/tmp, /var/tmp, /dev/shm of {settings.scratch_bytes / plan.GiB:.1f} GiB each"
+              if settings.walls else "OFF (WORKSHOP_WALLS=off): learners can starve each other")
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        gid = None
+    closed = walls.close_to_learners(HERE.parent, gid)
+    shut = ", ".join(f"{p.relative_to(HERE.parent)}/" for p in closed) or "nothing to close"
+    # The hub, its proxy and services never die of the OOM killer; learners' processes go first
+    # (+500, start_learner.sh). Lowering needs CAP_SYS_RESOURCE, which a container's root may lack:
+    # then the hub stays at 0, still chosen after every learner process.
+    try:
+        Path("/proc/self/oom_score_adj").write_text(str(walls.HUB_OOM_SCORE_ADJ))
+        oom = f"hub {walls.HUB_OOM_SCORE_ADJ} (never chosen), learners +{walls.LEARNER_OOM_SCORE_ADJ}"
+    except PermissionError:
+        oom = (f"hub 0 (root here lacks CAP_SYS_RESOURCE to lower it), learners "
+               f"+{walls.LEARNER_OOM_SCORE_ADJ}: chosen first")
     port = os.environ.get("WORKSHOP_PORT", "8000")
+    ip = os.environ.get("WORKSHOP_IP", "0.0.0.0")
+    address = room_address(ip)
+    reach = ("" if not address.startswith("127.") and address != "localhost" else
+             "  (only this machine can reach it: set WORKSHOP_IP=0.0.0.0 for the room)")
     admin = os.environ.get("WORKSHOP_ADMIN", "host")
     if settings.devices:
         per = plan.learners_per_device(settings.learners, len(settings.devices))
@@ -76,10 +134,14 @@ def main() -> None:
         gpus = "no GPU: experiments run on the CPU at reduced size"
     print(f"""
 GPU Training Lab workshop, planned for {settings.learners} learners
-  open       http://{socket.getfqdn()}:{port}/  (this machine's name or address, port {port})
+  open       http://{address}:{port}/{reach}
   learners   sign up with a name, a password of their own, and the workshop code {code['learners']}
   host       sign in as {admin!r} with the admin code {code['admin']}
              (Admin page: every learner's server; Services > progress: who answered what)
+  walls      {walled}
+  OOM killer {oom}
+  closed     to learners: {shut} (the course's instructor side;
+             each learner works in their own copy of the release)
   GPUs       {gpus}
   CPU        {settings.threads} thread(s) per learner; idle kernels stop after \
 {settings.kernel_idle_s} s, idle servers after {settings.server_idle_s} s

@@ -1,18 +1,33 @@
 #!/bin/sh
-# Start a learner's Jupyter server as the learner. The hub (root) runs this with the learner's
-# environment and the server's command line as arguments (workshop/hub.py, WorkshopSpawner):
-#   USER                     the learner's account
-#   GPULAB_WORKSHOP_COURSE   the course release, copied to a new learner's ~/course
-#   GPULAB_WORKSHOP_HIDE     a folder learners may not enter that holds what they must run
-#                            (root's home, when the Python lives there, e.g. pyenv): in a
-#                            private mount namespace it is covered by an empty folder...
-#   GPULAB_WORKSHOP_REVEAL   ...into which these paths (colon-separated) are bound back read-only.
+# Start a learner's Jupyter server as the learner, inside their walls. The hub (root) runs this
+# with the learner's environment and the server's command line as arguments (workshop/hub.py,
+# WorkshopSpawner; under systemd inside the learner's scope, workshop/walls.py):
+#   USER                           the learner's account
+#   GPULAB_WORKSHOP_CGROUPS        the learner's cgroup folders (colon-separated; cgroupfs walls):
+#                                  this process joins them first, so all it starts stays there
+#   GPULAB_WORKSHOP_OOM_SCORE_ADJ  the learner's processes go first when the machine runs out of
+#                                  memory; written as root, the learner cannot lower it
+#   GPULAB_WORKSHOP_SCRATCH_BYTES  the size of the learner's own /tmp, /var/tmp and /dev/shm
+#   GPULAB_WORKSHOP_MASK           device nodes covered in the learner's namespace (cgroup v2)
+#   GPULAB_WORKSHOP_HIDE           a folder learners may not enter that holds what they must run
+#                                  (root's home, when the Python lives there, e.g. pyenv): in the
+#                                  private mount namespace it is covered by an empty folder...
+#   GPULAB_WORKSHOP_REVEAL         ...into which these paths (colon-separated) are bound back, read-only
+#   GPULAB_WORKSHOP_COURSE         the course release, copied to a new learner's ~/course
+#   GPULAB_WORKSHOP_START_HERE     the page a learner's JupyterLab opens on, put in ~/course
 # Every step uses `exec`, so the hub's process id is the server's own and its signals reach it.
 set -eu
 user="${USER:?the hub sets USER}"
-if [ -n "${GPULAB_WORKSHOP_HIDE:-}" ] && [ "${GPULAB_WORKSHOP_IN_NAMESPACE:-}" != 1 ]; then
+if [ "${GPULAB_WORKSHOP_IN_NAMESPACE:-}" != 1 ]; then
+    old_ifs=$IFS; IFS=:
+    for cgroup in ${GPULAB_WORKSHOP_CGROUPS:-}; do
+        echo $$ > "$cgroup/cgroup.procs"
+    done
+    IFS=$old_ifs
+    echo "${GPULAB_WORKSHOP_OOM_SCORE_ADJ:-500}" > /proc/self/oom_score_adj
     GPULAB_WORKSHOP_IN_NAMESPACE=1 exec unshare --mount --propagation private -- "$0" "$@"
 fi
+# In the learner's own mount namespace from here on.
 if [ -n "${GPULAB_WORKSHOP_HIDE:-}" ]; then
     hidden="$GPULAB_WORKSHOP_HIDE"
     stage=$(mktemp -d)
@@ -28,11 +43,34 @@ if [ -n "${GPULAB_WORKSHOP_HIDE:-}" ]; then
     umount -l "$stage"
     rmdir "$stage"
 fi
+# Other GPUs' device nodes, where no cgroup rule can close them (cgroup v2 without systemd):
+# covered by an empty file of mode 0000, which no learner may open (EACCES).
+if [ -n "${GPULAB_WORKSHOP_MASK:-}" ]; then
+    blank=$(mktemp)
+    chmod 000 "$blank"
+    old_ifs=$IFS; IFS=:
+    for node in $GPULAB_WORKSHOP_MASK; do
+        mount --bind "$blank" "$node"
+    done
+    IFS=$old_ifs
+    rm "$blank"
+fi
+# Scratch of their own: nobody else's files, and no file of theirs in anyone else's. Its pages
+# count in the learner's memory (cgroup or scope), so together they can take no more than that.
+size="${GPULAB_WORKSHOP_SCRATCH_BYTES:?the hub sets GPULAB_WORKSHOP_SCRATCH_BYTES}"
+for dir in /tmp /var/tmp /dev/shm; do
+    [ -d "$dir" ] || continue
+    mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" gpulab-scratch "$dir"
+done
 course="${GPULAB_WORKSHOP_COURSE:?the hub sets GPULAB_WORKSHOP_COURSE}"
-unset GPULAB_WORKSHOP_HIDE GPULAB_WORKSHOP_REVEAL GPULAB_WORKSHOP_IN_NAMESPACE GPULAB_WORKSHOP_COURSE
+start_here="${GPULAB_WORKSHOP_START_HERE:-}"
+unset GPULAB_WORKSHOP_HIDE GPULAB_WORKSHOP_REVEAL GPULAB_WORKSHOP_IN_NAMESPACE GPULAB_WORKSHOP_COURSE \
+    GPULAB_WORKSHOP_CGROUPS GPULAB_WORKSHOP_MASK GPULAB_WORKSHOP_OOM_SCORE_ADJ \
+    GPULAB_WORKSHOP_SCRATCH_BYTES GPULAB_WORKSHOP_START_HERE
 cd "$HOME"
 # The learner's own identity from here on; no setuid program can raise it again.
 as_learner="setpriv --reuid=$user --regid=$(id -g "$user") --init-groups --no-new-privs --"
 # First start: the learner's own copy of the course. Later starts keep their work as it is.
 [ -e "$HOME/course" ] || $as_learner cp -R "$course" "$HOME/course"
+[ -z "$start_here" ] || [ -e "$HOME/course/START_HERE.md" ] || $as_learner cp "$start_here" "$HOME/course/"
 exec $as_learner "$@"

@@ -1,6 +1,7 @@
 # A learner's server in workshop mode (JUPYTER_CONFIG_PATH points here, workshop/jupyterhub_config.py):
-# nbgrader's pages stay out (the quizzes check themselves) and so does the language-server
-# scan: 30 servers start at once, and nbgrader's import alone costs 1-2.5 s of CPU each.
+# nbgrader's pages stay out (the quizzes check themselves; labconfig/ leaves out its menu and
+# JupyterLab's news prompt) and so does the language-server scan: 30 servers start at once, and
+# nbgrader's import alone costs 1-2.5 s of CPU each.
 # Set in traitlets config, which wins over the venv's jupyter_server_config.d files.
 c = get_config()  # noqa: F821
 c.ServerApp.jpserver_extensions = {
@@ -10,3 +11,7 @@ c.ServerApp.jpserver_extensions = {
     "nbgrader.server_extensions.validate_assignment": False,
     "jupyter_lsp": False,   # no language servers are installed; it only scans for them
 }
+# A terminal is an interactive bash that keeps the server's PATH, the course's Python first, so
+# `python -m gpulab doctor` works as the README says. (Left to itself, the terminal starts a
+# login shell, whose /etc/profile resets PATH to the system's, where there is no `python`.)
+c.ServerApp.terminado_settings = {"shell_command": ["/bin/bash", "-i"]}
