@@ -178,8 +178,10 @@ def items(p: dict) -> list[Item]:
             Mistake(GPU["threads"] // GPU["warp"],
                     f"that is the warps of one SM; the {GPU['name'][3:]} has {GPU['sms']} SMs."),
         )),
+        # 5%: a bound "at best", accepted as a two-figure answer (3.3 for 3.33 ms, 1.2 for 1.25,
+        # 14 for 14.2); the slips are factors of 2 away.
         Item("01-h200-read-ms", arith.transfer_seconds(read_bytes, H200.memory_bandwidth) * 1e3, "ms",
-             rel_tol=0.01, mistakes=(
+             rel_tol=0.05, mistakes=(
             Mistake(arith.transfer_seconds(DECODE_PARAMS * 4, H200.memory_bandwidth) * 1e3,
                     "2x too slow: the weights are bfloat16, 2 bytes each, not 4."),
             Mistake(arith.transfer_seconds(DECODE_PARAMS, H200.memory_bandwidth) * 1e3,

@@ -153,50 +153,72 @@ def physical_gpu(cuda_visible_devices: str | None, torch_index: int, nvml=None) 
     return listed[torch_index].nvml_index
 
 
-def count_gpus_in_this_process(cuda_visible_devices: str | None, set_after_init: bool) -> int:
-    """What ``torch.cuda.device_count()`` says after CUDA_VISIBLE_DEVICES is set to
-    ``cuda_visible_devices`` (None: removed) in this process; with ``set_after_init``, only after
-    CUDA has been initialised. ``visible_gpu_count`` runs it in a fresh process.
+# When a probe sets CUDA_VISIBLE_DEVICES: False, from the start; True, after torch.cuda.init()
+# (torch starts CUDA, as the first tensor on a GPU does); "is_available", after
+# torch.cuda.is_available() only, as every chapter's first cell does through best_device();
+# "is_available, then init", the same, then torch starts CUDA.
+LATE_SETTINGS = (False, True, "is_available", "is_available, then init")
 
-    Before CUDA is initialised, torch (2.13) answers ``device_count()`` from NVML and re-reads the
-    variable on every call, so a late change would still show. What is fixed once is CUDA's own
-    view: the driver reads the variable when CUDA initialises (``torch.cuda.init()``, or the first
-    tensor on a GPU). To show that, initialise CUDA first, then set the variable."""
-    if set_after_init and torch.cuda.is_available():
+
+def count_gpus_in_this_process(cuda_visible_devices: str | None, set_after_init=False) -> int:
+    """What ``torch.cuda.device_count()`` says after CUDA_VISIBLE_DEVICES is set to
+    ``cuda_visible_devices`` (None: removed) in this process, at the moment ``set_after_init``
+    names (``LATE_SETTINGS``). ``visible_gpu_count`` runs it in a fresh process.
+
+    The CUDA driver reads the variable once, when it initialises: at the first
+    ``cudaGetDeviceCount``, which ``torch.cuda.is_available()`` already calls (torch's own comment
+    on it: "initializes the CUDA Driver API via cuInit"). Torch 2.13 answers ``device_count()``
+    from NVML, re-reading the variable on every call, until torch itself starts CUDA
+    (``torch.cuda.init()`` or the first tensor on a GPU), and from CUDA's view after that
+    (pytorch/pytorch#175355). So after ``is_available()`` a late change shows in
+    ``device_count()`` while CUDA, and so ``cuda:<i>``, still uses what it read; once torch
+    starts CUDA the count shows CUDA's view again."""
+    if set_after_init not in LATE_SETTINGS:
+        raise ValueError(f"set_after_init must be one of {LATE_SETTINGS}, not {set_after_init!r}")
+    if set_after_init is True and torch.cuda.is_available():
         torch.cuda.init()              # CUDA starts here and reads CUDA_VISIBLE_DEVICES...
+    elif set_after_init in ("is_available", "is_available, then init"):
+        gpu = torch.cuda.is_available()  # the driver starts here and reads the variable...
     if cuda_visible_devices is None:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     else:
-        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices  # ...so, late, this is ignored
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices  # ...so, late, CUDA ignores this
+    if set_after_init == "is_available, then init" and gpu:
+        torch.cuda.init()              # torch starts CUDA, which kept what it read
     return torch.cuda.device_count()
 
 
 _COUNT_GPUS = """
 import sys
 from gpulab.device import count_gpus_in_this_process
+from gpulab.device.choosing import LATE_SETTINGS
 value = None if sys.argv[1] == "unset" else sys.argv[1]
-print(count_gpus_in_this_process(value, set_after_init=sys.argv[2] == "late"))
+print(count_gpus_in_this_process(value, set_after_init=LATE_SETTINGS[int(sys.argv[2])]))
 """
 
 
 def visible_gpu_counts(settings: dict) -> dict:
     """``torch.cuda.device_count()`` in fresh Python processes, one per entry of ``settings``:
     ``{label: (cuda_visible_devices, set_after_init)}`` -> ``{label: count}``. Each process runs
-    with CUDA_VISIBLE_DEVICES set to ``cuda_visible_devices`` (None: unset) either from the start
-    or, with ``set_after_init``, only after it has initialised CUDA. Fresh processes because CUDA
-    reads the variable once per process; started together because each spends seconds importing
-    torch."""
+    with CUDA_VISIBLE_DEVICES set to ``cuda_visible_devices`` (None: unset) from the start
+    (``set_after_init`` False) or only later, at the moment ``set_after_init`` names
+    (``LATE_SETTINGS``: after ``torch.cuda.init()``, after ``torch.cuda.is_available()``). Fresh
+    processes because CUDA reads the variable once per process; started together because each
+    spends seconds importing torch."""
     probes = {}
     for label, (cuda_visible_devices, set_after_init) in settings.items():
+        if set_after_init not in LATE_SETTINGS:
+            raise ValueError(f"{label!r}: set_after_init must be one of {LATE_SETTINGS}")
         env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         if not set_after_init and cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
         elif set_after_init:  # CUDA starts under our own setting; the child changes it afterwards
             env.update({k: v for k, v in os.environ.items() if k == "CUDA_VISIBLE_DEVICES"})
         value = "unset" if cuda_visible_devices is None else cuda_visible_devices
-        probes[label] = subprocess.Popen(
-            [sys.executable, "-c", _COUNT_GPUS, value, "late" if set_after_init else "early"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        when = str(LATE_SETTINGS.index(set_after_init))
+        probes[label] = subprocess.Popen([sys.executable, "-c", _COUNT_GPUS, value, when],
+                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True)
     counts = {}
     for label, probe in probes.items():
         out, err = probe.communicate(timeout=120)
@@ -206,6 +228,6 @@ def visible_gpu_counts(settings: dict) -> dict:
     return counts
 
 
-def visible_gpu_count(cuda_visible_devices: str | None, set_after_init: bool = False) -> int:
+def visible_gpu_count(cuda_visible_devices: str | None, set_after_init=False) -> int:
     """One probe of ``visible_gpu_counts``."""
     return visible_gpu_counts({0: (cuda_visible_devices, set_after_init)})[0]
