@@ -70,3 +70,13 @@ def test_impossible_inputs_name_the_field(call, field):
 
 def test_units_are_kept_apart():
     assert GiB / GB == pytest.approx(1.0737, abs=1e-4)
+
+
+def test_the_course_gpts_layer_in_fp32_without_dropout_is_64sbh_plus_4as2b():
+    """Chapter 02 writes Korthikanti's count out for the GPT its experiments measure (issue 29):
+    4-byte values and no dropout masks or dropout output."""
+    from gpulab.arith import activation_bytes_per_layer
+
+    for s, b, h, a in ((128, 8, 256, 4), (2048, 1, 4096, 32)):
+        assert activation_bytes_per_layer(s, b, h, a, 4, dropout=False) == 64 * s * b * h + 4 * a * s * s * b
+        assert activation_bytes_per_layer(s, b, h, a) == s * b * h * (34 + 5 * a * s // h)

@@ -35,8 +35,9 @@ QUESTIONS = {
     "ch02-md-11": "### Quiz 5: one Llama-2-7B-sized layer\n\nA layer with h = 4096 and a = 32 heads, "
                   "sequence length s = {seq}, micro-batch b = {micro_batch}, 16-bit\nactivations with "
                   "dropout (the formula above, as written). How many **GiB** does it save for\nbackward?"
-                  "\n\n\"Llama-2-7B-sized\" means Llama-2-7B's h, a, s and L, in the GPT-style layer the "
-                  "formula counts.\nLlama's own layer differs: a SwiGLU MLP with three 4096 × 11008 "
+                  "\n\n\"Llama-2-7B-sized\" means Llama-2-7B's h, a and L (Touvron et al. 2023, \"Llama 2\", "
+                  "Table 1 and\n§2.2), in the GPT-style layer the formula counts; s is the quiz's own "
+                  "(Llama 2 trained at 4096).\nLlama's own layer differs: a SwiGLU MLP with three 4096 × 11008 "
                   "matrices instead of a 4h GELU\nMLP with two, RMSNorm instead of LayerNorm, and rotary "
                   "position embeddings (Touvron et al. 2023,\n\"Llama 2\", §2.2); and its released code "
                   "(meta-llama/llama, `model.py`) has no dropout and no\nbiases. So its real activations "
@@ -107,7 +108,7 @@ def items(p: dict) -> list[Item]:
                                          "Scale Your Model's count; here everything is bf16 and "
                                          "gradients count: 2 + 2 + 2 + 2."),
         )),
-        Item("02-max-params-80gib", FREE_GIB * GiB / arith.model_state_bytes(1, "mixed_adam")["total"],
+        Item("02-max-params", FREE_GIB * GiB / arith.model_state_bytes(1, "mixed_adam")["total"],
              "parameters", rel_tol=0.005, mistakes=(
             Mistake(FREE_GIB * GB / 16, f"you read {FREE_GIB} GiB as {FREE_GIB} × 10^9 bytes; a GiB is 2^30 bytes."),
             Mistake(FREE_GIB * GiB / 2, "that counts only the 2-byte weights; mixed_adam needs 16 "
