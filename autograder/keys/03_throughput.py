@@ -132,7 +132,6 @@ def items(p: dict) -> list[Item]:
                                    peak, BANDWIDTH) == "compute")
 
     critical = arith.critical_intensity(PEAK, BANDWIDTH)
-    rows_unrounded = critical / (1 - critical * (depth + width) / (depth * width))  # exact, before ⌈ ⌉
 
     def days(mfu: float, peak: float = PEAK) -> float:
         return arith.training_days(LLAMA_N, LLAMA_D, GPUS, peak, mfu)
@@ -207,14 +206,13 @@ def items(p: dict) -> list[Item]:
             Mistake(two_tensor_bytes / BANDWIDTH * 1e6, "you left one tensor out: read the input and "
                     "the weight, and write the output."),
         )),
-        Item("03-rows-compute-bound", rows_to_compute_bound(), "rows", mistakes=(
-            Mistake(math.ceil(critical), "that is the ≈ B shortcut (B ≥ 295.3); the exact intensity "
-                         "2BDF / (2(BD + DF + BF)) stays below B, so a few more rows are needed."),
-            Mistake(math.floor(critical), "that is the ≈ B shortcut, rounded down; solve the exact intensity "
-                         "2BDF / (2(BD + DF + BF)) ≥ peak / bandwidth for B."),
-            Mistake(math.floor(rows_unrounded), "rows come whole, and that many fall just short of "
-                                                "the critical intensity: round up."),
-            Mistake(rows_unrounded, "rows come whole: take the smallest whole number at least this."),
+        # ±1 row: the answer moves by one with the 4th significant figure of the critical
+        # intensity (the summary's ≈ 295 gives 318, the exact 295.3 gives 319).
+        Item("03-rows-compute-bound", rows_to_compute_bound(), "rows", abs_tol=1.0, mistakes=(
+            # (The shortcut rounded down, one row less, gets the same words: within the ±1.)
+            Mistake(math.ceil(critical), "that is the ≈ B shortcut (B ≥ the critical intensity); the "
+                         "exact intensity 2BDF / (2(BD + DF + BF)) stays below B, so a few more rows "
+                         "are needed: solve it for B."),
             # Twice the peak and twice the bytes per value both double the rows needed.
             Mistake(rows_to_compute_bound(peak=2 * PEAK), "about twice too many: did you use the "
                     "with-sparsity peak (1,979 TFLOP/s) or 4 bytes per value? Use the dense 989.4 "
