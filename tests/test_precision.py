@@ -536,3 +536,36 @@ def test_step_seconds_reads_nothing_back_from_the_device(precision, corpus, monk
     monkeypatch.setattr(torch.Tensor, "item", lambda t: calls.append(1) or item(t))
     seconds = P.step_seconds(TINY, precision, 4, 16, "cpu", corpus, steps=2, warmup=1)
     assert seconds > 0 and calls == []
+
+
+# --------------------------------------------------------------------------------------------
+# Section 8, in your training script: the AMP step's lines in order, and what each wrong order
+# breaks (gpulab.precision.script), measured on one step of a small MLP under fp16 autocast
+
+@pytest.fixture(scope="module")
+def orders():
+    from gpulab.precision import ORDERS, measure_order
+    return {order: (measure_order(order), measure_order(order, init_scale=2.0 ** 40)) for order in ORDERS}
+
+
+def test_the_right_order_clips_the_true_gradient_and_skips_an_overflow(orders):
+    from gpulab.precision.script import MAX_NORM
+    run, overflow = orders["right"]
+    assert run.clip_saw == pytest.approx(run.true_norm, rel=1e-3) and run.true_norm > MAX_NORM
+    assert run.applied == pytest.approx(MAX_NORM, rel=1e-3) and run.error is None
+    assert overflow.applied == 0 and overflow.finite and overflow.scale == 2.0 ** 38   # 2 skips
+
+
+def test_each_wrong_order_breaks_what_the_chapter_says(orders):
+    from gpulab.precision.script import MAX_NORM
+    S = 2.0 ** 16
+    clip_first, _ = orders["clip before unscale_"]
+    assert clip_first.clip_saw == pytest.approx(clip_first.true_norm * S, rel=1e-2)
+    assert clip_first.applied == pytest.approx(MAX_NORM / S, rel=1e-2)
+    unscaled_step, overflow = orders["optimizer.step() for scaler.step()"]
+    assert unscaled_step.clip_saw == pytest.approx(unscaled_step.true_norm * S, rel=1e-2)
+    assert not overflow.finite                               # an inf applied: NaN weights
+    assert "scaler.scale" in orders["loss.backward() unscaled"][0].error
+    no_update, _ = orders["no scaler.update()"]
+    assert no_update.applied == pytest.approx(MAX_NORM, rel=1e-3)
+    assert no_update.error.startswith("step 2:")             # only the second step refuses

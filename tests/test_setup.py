@@ -172,6 +172,10 @@ def test_every_torch_name_the_course_uses_exists_in_this_torch():
             "torch.cuda.device_count", "torch.amp.GradScaler"} <= names.keys()
     missing = unresolved(names)
     assert not missing, [f"{name} (first used in {names[name]})" for name in missing]
+    # Resolvable but deprecated since torch 2.9: TF32 goes through fp32_precision (issue 29).
+    deprecated = {"torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
+                  "torch.set_float32_matmul_precision"}
+    assert not deprecated & names.keys(), {name: names[name] for name in deprecated & names.keys()}
 
 
 def test_the_name_check_finds_a_name_torch_lacks():

@@ -21,8 +21,9 @@ SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
 def sci(x: float) -> tuple[str, int]:
-    """x to two significant figures: (mantissa, exponent), 1.2145e-9 -> ('1.2', -9)."""
-    mantissa, exponent = f"{x:.2g}".split("e")
+    """x to three significant figures: (mantissa, exponent), 1.2145e-9 -> ('1.21', -9). Three, so
+    that Quiz 8's figure, copied as the answer to Quiz 7, is within Quiz 7's 1% (issue 29)."""
+    mantissa, exponent = f"{x:.3g}".split("e")
     return mantissa, int(exponent)
 
 
@@ -71,6 +72,8 @@ FIXED = {
     "04-autocast-state-bytes": "bytes per parameter, the same for every layer; an experiment counts them",
     "04-score-bytes-cuda": "bytes per score, the same for every model (reasoning)",
     "04-autocast-linear-bytes": "the nn.Linear(256, 512) the experiment after it runs",
+    "04-wrong-line": "a code-reading item: which line of a given loop is wrong (no numbers)",
+    "04-clip-first-norm": "GradScaler's default S = 2^16 and the clip threshold of Quiz 15's loop",
 }
 
 
@@ -189,8 +192,12 @@ def items(p: dict) -> list[Item]:
                     "autograd keeps until backward."),
             Mistake(4 + 8 + 2, "the gradient of an fp32 parameter is fp32: the cast's backward casts "
                                "the 16-bit gradient up, 4 bytes, not 0 or 2."),
-            Mistake(4 + 4 + 4 + 8, "autocast has no separate fp32 master copy: the fp32 parameter "
-                                   "itself is what the optimizer updates. And count the 16-bit copy."),
+            # 20 is also 18 + the bf16 gradient of the copy, which the question leaves out.
+            Mistake(4 + 4 + 4 + 8, "if you counted a separate fp32 master copy: autocast has none, "
+                                   "the fp32 parameter itself is what the optimizer updates. If you "
+                                   "counted the bf16 gradient of the 16-bit copy: the question leaves "
+                                   "it out (it lives only until the cast's backward writes the fp32 "
+                                   ".grad)."),
             Mistake(4 + 4 + 4 + 8 + 2, "autocast has no separate fp32 master copy: the fp32 "
                                        "parameter itself is what the optimizer updates."),
         )),
@@ -210,6 +217,34 @@ def items(p: dict) -> list[Item]:
                                              "tensors are the bf16 copies."),
             Mistake(2 * inputs + 2 * weight + 4 * inputs, "the fp32 input is not saved, only its "
                                                           "bf16 copy."),
+        )),
+        # Quiz 15 (code reading): clip_grad_norm_ before unscale_ measures the scaled gradients.
+        Item("04-wrong-line", "d", "", choices=tuple("abcdefg"), mistakes=(
+            Mistake("a", "running the forward (and only the forward) under autocast is right: the "
+                         "backward ops use the dtypes autocast chose for the forward ones."),
+            Mistake("b", "the loss computed inside autocast is fine: cross-entropy is on autocast's "
+                         "fp32 list, so the loss itself is fp32."),
+            Mistake("c", "scaling the loss before backward is right: it lifts fp16's small gradients "
+                         "into range (Quiz 8). What comes after it sees gradients that are still × S."),
+            Mistake("e", "scaler.step(optimizer) is the right call: it unscales (when unscale_ has not "
+                         "run), skips inf/NaN and steps. But an earlier line has already used the "
+                         "scaled gradients by then."),
+            Mistake("f", "update() after step() is right: it halves or doubles S for the next step "
+                         "(Quiz 9)."),
+            Mistake("g", "zeroing the gradients after the step is right: before the next backward "
+                         "is what matters."),
+        )),
+        # Quiz 16: clipped to norm 1 while × S, then ÷ S: 1/S.
+        Item("04-clip-first-norm", 1.0 / 2**16, "", rel_tol=0.01, mistakes=(
+            Mistake(1.0, "that is what the right order gives (unscale_, then clip to 1). Here the clip "
+                         "ran first, on gradients × S, and scaler.step divided by S afterwards."),
+            Mistake(4.0, "the clip does act: it sees the scaled norm, 4 × 2^16, far above 1.0."),
+            Mistake(4.0 * 2**16, "that is the norm the clip saw; it scales the gradients down to 1.0, "
+                                 "and scaler.step then divides them by S."),
+            Mistake(4.0 / 2**16, "that would be an unclipped gradient divided by S twice; the clip "
+                                 "cuts the scaled norm to 1.0, and S divides once."),
+            Mistake(2.0**16, "scaler.step unscales before stepping: the optimizer never sees a "
+                             "gradient × S."),
         )),
     ]
 

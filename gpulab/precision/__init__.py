@@ -20,6 +20,9 @@ One module per idea, in the order the chapter meets them:
                                      precision (``PRECISIONS``, ``text_corpus``, ``sample_batch``,
                                      ``TrainingRun``, ``train``) and its step timed
                                      (``step_seconds``)
+- ``gpulab.precision.script``        section 8, in your training script: the AMP loop's lines in
+                                     their order and the wrong orders (``ORDERS``), each measured
+                                     on one step (``OrderResult``, ``measure_order``)
 
 Every name is offered here too, so a notebook writes ``precision.round_to`` whichever module
 holds it. To replace a function in a test, patch it in the module that holds it: a module calls
@@ -36,6 +39,8 @@ from gpulab.precision.autocast import (FLOAT32_OPS, autocast_bytes_per_score,
                                        saved_tensor_bytes)
 from gpulab.precision.training import (PRECISIONS, TrainingRun, sample_batch, step_seconds,
                                        text_corpus, train)
+from gpulab.precision import script
+from gpulab.precision.script import ORDERS, OrderResult, measure_order
 
 __all__ = [
     # formats and rounding (sections 1-2)
@@ -47,4 +52,6 @@ __all__ = [
     "autocast_state_bytes", "autocast_bytes_per_score", "autocast_saved_bytes",
     # training in each precision (section 7)
     "PRECISIONS", "text_corpus", "sample_batch", "TrainingRun", "train", "step_seconds",
+    # the training script's lines and their wrong orders (section 8)
+    "script", "ORDERS", "OrderResult", "measure_order",
 ]

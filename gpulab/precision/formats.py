@@ -14,8 +14,8 @@ Formats for Deep Learning", arXiv:2209.05433, for fp8):
 
 These are the values ``torch.finfo`` reports (``eps``, ``smallest_normal``, ``max``); the tests
 check every one. TF32 has no torch dtype: it is how tensor cores read fp32 matmul inputs
-(fp32's 8-bit exponent, fp16's 10-bit mantissa) when ``torch.backends.cuda.matmul.allow_tf32``
-is on.
+(fp32's 8-bit exponent, fp16's 10-bit mantissa) when ``torch.backends.cuda.matmul.fp32_precision``
+is ``"tf32"`` (torch 2.9 and later; the older ``allow_tf32`` flag is deprecated).
 """
 
 from __future__ import annotations
