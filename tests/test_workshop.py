@@ -685,6 +685,7 @@ def test_progress_reads_verdicts_from_saved_outputs(tmp_path):
 
 def test_workshop_check_counts_the_learners_that_fit(tmp_path):
     import check
+    sys.path.insert(0, str(ROOT / "tests"))
     h200 = plan.Device("GPU-h200", "NVIDIA H200", int(139.8 * 2**30), int(130 * 2**30))
     other = plan.Device("GPU-other", "NVIDIA H200", int(139.8 * 2**30), int(139 * 2**30))
     room_of = lambda n: plan.settings_from_env(  # noqa: E731
@@ -704,6 +705,11 @@ def test_workshop_check_counts_the_learners_that_fit(tmp_path):
                       {"footprint": {"peak_bytes": 5 * 2**30}}]}))
     assert check.measured_footprint(tmp_path) == (5 * 2**30, "the largest chapter footprint "
                                                   "measured in gpu-check-2026-01-01-h200.json")
+    from test_device import modelled_pynvml
+    nvml = modelled_pynvml(MACHINE + [{"uuid": "GPU-mig", "minor": 3, "migs": [{"uuid": "MIG-x", "gi": 1, "ci": 0}]}])
+    first, gone = check.node_lines((DEVICES[2], "MIG-x"), nvml)
+    assert first.endswith("/dev/nvidia2") and "/dev/nvidiactl" in first
+    assert "MIG-x: its device nodes cannot be found" in gone and "could not start" in gone
 
 
 def test_each_learners_limits_follow_the_machine_and_the_host(monkeypatch):

@@ -80,6 +80,21 @@ def fit_lines(devices: list[plan.Device], chosen: tuple[str, ...], settings: pla
     return lines, fits
 
 
+def node_lines(chosen: tuple[str, ...], nvml) -> list[str]:
+    """Each device's nodes as the walls will open them to its learners, or why they cannot be
+    found (a MIG instance whose capability nodes the driver does not list: no learner given it
+    could start)."""
+    lines = []
+    for uuid in chosen:
+        try:
+            nodes = walls.device_nodes(uuid, nvml)
+            lines.append(f"    {uuid}: {', '.join(n.path for n in nodes)}")
+        except Exception as error:  # noqa: BLE001 (NVMLError_NotFound, LookupError, OSError)
+            lines.append(f"  ! {uuid}: its device nodes cannot be found ({error}): a learner "
+                         "given it could not start")
+    return lines
+
+
 def walls_lines(settings: plan.Settings, group: str, root: Path = ROOT) -> tuple[list[str], bool]:
     """The report's lines on the walls and the instructor's folders; False when the room would
     run without walls it asked for."""
@@ -97,6 +112,10 @@ def walls_lines(settings: plan.Settings, group: str, root: Path = ROOT) -> tuple
         gid = grp.getgrnam(group).gr_gid
     except KeyError:
         gid = None
+    if os.geteuid() != 0:
+        lines.append("  instructor folders    not tried: run it as root (sudo make workshop-check) "
+                     "to try them as a learner account")
+        return lines, applier is not None or not settings.walls
     readable = walls.readable_by_learners(root, gid)
     names = ", ".join(f"{Path(p).relative_to(root)}/" for p in readable)
     lines.append("  instructor folders    " + (f"READABLE by a learner account: {names} "
@@ -130,6 +149,10 @@ def main() -> int:
     print("\n  devices (* = the workshop's, WORKSHOP_DEVICES or all by default):")
     lines, fits = fit_lines(devices, settings.devices, settings, footprint)
     print("\n".join(lines) if lines else "    none: the driver lists no GPU; learners run on the CPU")
+    if settings.devices:
+        import pynvml
+        print("\n  device nodes each learner may open (all other GPUs' are closed to them):")
+        print("\n".join(node_lines(settings.devices, pynvml)))
     for model, layout in MIG_LAYOUTS.items():
         if any(model in d.name and d.parent is None for d in devices):
             print(f"\n  MIG on {model}: {layout} isolates learners in hardware (README, 'Running a workshop').")

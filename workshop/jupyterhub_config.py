@@ -71,6 +71,8 @@ hub.WorkshopSpawner.wrapper_env = {
     "GPULAB_WORKSHOP_REVEAL": reveal,
     "GPULAB_WORKSHOP_START_HERE": str(HERE / "START_HERE.md"),
     "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
+    # Kernels' connection files and Unix sockets (workshop/singleuser/): short paths, private.
+    "JUPYTER_RUNTIME_DIR": "/tmp/jupyter-runtime",
     # Learners' servers leave nbgrader's pages out (workshop/singleuser/).
     "JUPYTER_CONFIG_PATH": str(HERE / "singleuser"),
 }

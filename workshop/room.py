@@ -97,7 +97,7 @@ class Browser:
 
     def execute(self, kernel_id: str, code: str, timeout: float = 60) -> dict:
         """Run ``code`` in the kernel over its websocket, as JupyterLab does: its stdout and the
-        display messages it sent, or {"died": True} when the kernel dies."""
+        display messages it sent; "died" says why when the kernel dies (or the connection does)."""
         url = f"{self.base.replace('http', 'ws', 1)}/user/{self.name}/api/kernels/{kernel_id}/channels"
         ws = websocket.create_connection(url, header=[f"Authorization: token {self.token}"],
                                          timeout=timeout)
@@ -114,7 +114,7 @@ class Browser:
                 msg = json.loads(ws.recv())
                 if msg.get("parent_header", {}).get("msg_id") != msg_id:
                     if msg.get("msg_type") == "status" and msg["content"].get("execution_state") in ("restarting", "dead"):
-                        result["died"] = True
+                        result["died"] = f"the kernel is {msg['content']['execution_state']}"
                         return result
                     continue
                 kind = msg["msg_type"]
@@ -125,12 +125,12 @@ class Browser:
                 elif kind == "error":
                     result["error"] = "\n".join(msg["content"]["traceback"])
                 elif kind == "status" and msg["content"]["execution_state"] in ("restarting", "dead"):
-                    result["died"] = True
+                    result["died"] = f"the kernel is {msg['content']['execution_state']}"
                     return result
                 elif kind == "status" and msg["content"]["execution_state"] == "idle":
                     return result
-        except (websocket.WebSocketConnectionClosedException, ConnectionError):
-            result["died"] = True
+        except (websocket.WebSocketConnectionClosedException, ConnectionError) as error:
+            result["died"] = f"the connection closed: {error!r}"
             return result
         except websocket.WebSocketTimeoutException:
             result["timed out"] = True

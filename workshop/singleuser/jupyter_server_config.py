@@ -15,3 +15,8 @@ c.ServerApp.jpserver_extensions = {
 # `python -m gpulab doctor` works as the README says. (Left to itself, the terminal starts a
 # login shell, whose /etc/profile resets PATH to the system's, where there is no `python`.)
 c.ServerApp.terminado_settings = {"shell_command": ["/bin/bash", "-i"]}
+# Kernels talk to the server over Unix sockets beside their connection files, in the learner's
+# private /tmp (JUPYTER_RUNTIME_DIR, workshop/jupyterhub_config.py), not over TCP ports on
+# 127.0.0.1: those every account can reach, and ten servers picking ports at once collide
+# ("Address already in use", the kernel dies before it starts).
+c.KernelManager.transport = "ipc"
