@@ -133,8 +133,20 @@ def test_shm_needed():
     assert failures.shm_bytes_needed(8, 2, 256 * 3 * 224 * 224 * 4) == 2_466_250_752
 
 
-def test_a_missing_rank_times_out_after_the_groups_timeout():
-    waited, message = failures.missing_rank(timeout_seconds=0.3)
-    # The wait ends at the timeout, not before: the upper bound only says it ended (a loaded
-    # machine may take seconds to wake the waiting thread).
-    assert 0.25 < waited < 60 and "Timed out" in message
+def test_a_missing_rank_times_out_and_its_stack_names_the_collective():
+    """The wait ends at the group's timeout, not before (the upper bound only says it ended: a
+    loaded machine may take seconds to wake the waiting thread). And what faulthandler (or
+    py-spy) shows of the hung rank, dumped a quarter into the wait: its innermost frame waits at
+    the all_reduce."""
+    import faulthandler
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as stacks:
+        waited, message = failures.missing_rank(
+            timeout_seconds=1.0, while_waiting=lambda: faulthandler.dump_traceback(stacks, all_threads=True))
+        stacks.seek(0)
+        dump = stacks.read()
+    assert 0.8 < waited < 60 and "Timed out" in message
+    waiting = next(thread for thread in dump.split("\n\n") if "missing_rank" in thread)
+    line = int(waiting.split("missing_rank")[0].rsplit("line ", 1)[1].split()[0])
+    assert "allreduce" in open(failures.__file__).read().splitlines()[line - 1]

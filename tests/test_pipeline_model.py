@@ -212,3 +212,39 @@ def test_stand_in_compute_on_a_gpu_launches_one_calibrated_kernel(monkeypatch):
     calls.clear()
     pipeline.StandInCompute(0.5, "cuda", synchronize=False)(None)
     assert calls == [("sleep", 10**9)]
+
+
+def test_a_stream_is_read_whole_by_every_worker_unless_sharded():
+    """Quiz 13 and section 8.1, for real with 2 workers: the plain stream comes twice (the key's
+    count), the sharded one once, and the chapter shows the module's own lines."""
+    import inspect
+    import json
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader
+
+    plain = list(DataLoader(pipeline.Stream(9), batch_size=4, num_workers=2))
+    sharded = list(DataLoader(pipeline.ShardedStream(9), batch_size=4, num_workers=2))
+    assert len(plain) == pipeline.unsharded_batches(9, 4, 2) == 6
+    assert sorted(torch.cat(plain).tolist()) == sorted(2 * list(range(9)))
+    assert sorted(torch.cat(sharded).tolist()) == list(range(9))
+    assert pipeline.unsharded_batches(1000, 10, 0) == 100 and not multiprocessing.active_children()
+    chapter = Path(__file__).resolve().parents[1] / "solutions/07_input_pipeline/07_input_pipeline.ipynb"
+    shown = "".join(next(c["source"] for c in json.loads(chapter.read_text())["cells"]
+                         if c["id"] == "ch07-md-script-shard"))
+    for line in inspect.getsource(pipeline.ShardedStream).splitlines():
+        code = line.split("#")[0].rstrip()
+        if code and not code.lstrip().startswith(('"""', "The same", "(W x R)", "on each")):
+            assert code in shown, code
+
+
+def test_seeded_workers_draw_the_same_again():
+    from torch.utils.data import DataLoader
+
+    def draws(seed):
+        loader = DataLoader(pipeline.RandomAugment(4), batch_size=2, num_workers=2,
+                            generator=torch.Generator().manual_seed(seed))
+        return torch.cat(list(loader)).tolist()
+
+    first = draws(0)
+    assert first == draws(0) != draws(1) and len(set(first)) == 4     # workers differ, runs repeat

@@ -33,6 +33,12 @@ def steps(before_ms: int, after_ms: int) -> dict:
     return {"before_ms": before_ms, "after_ms": after_ms}
 
 
+def stream(samples: int, batch: int, workers: int) -> dict:
+    """Quiz 13's unsharded IterableDataset: the samples fill whole batches, also when split among
+    the workers, and no slip's count (one pass, one worker's share, samples) equals another's."""
+    return {"samples": samples, "batch": batch, "workers": workers}
+
+
 PARAMS = {
     "loop": Param(loop(2, 32, 3, 40, 4), tuple(loop(*numbers) for numbers in (
         (2, 32, 3, 40, 4), (1, 24, 2, 60, 6), (2, 24, 4, 50, 6), (2, 32, 5, 80, 6), (2, 64, 2, 30, 8),
@@ -50,7 +56,18 @@ PARAMS = {
     "compile_s": Param(60, (30, 45, 60, 90, 120)),                    # Quiz 12
     "steps": Param(steps(300, 200), (steps(300, 200), steps(250, 200), steps(400, 250), steps(500, 300),
                                      steps(120, 80))),
+    "stream": Param(stream(1000, 10, 4), (stream(1000, 10, 4), stream(800, 10, 4), stream(1200, 10, 3),  # Quiz 13
+                                          stream(960, 8, 4), stream(1000, 20, 2), stream(720, 12, 6))),
 }
+ITERABLE_QUIZ = (
+    "### Quiz 13: read the code: a stream of samples\n\nA dataset streams tokenised samples from "
+    "one file, and the loop reads it through\n{stream[workers]} worker processes:\n\n```python\n"
+    "class Stream(IterableDataset):\n    def __iter__(self):\n"
+    "        for i in range({stream[samples]}):        # the file holds {stream[samples]:,} samples\n"
+    "            yield torch.tensor(i)\n\n"
+    "loader = DataLoader(Stream(), batch_size={stream[batch]}, num_workers={stream[workers]})\n"
+    "batches = sum(1 for batch in loader)\n```\n\nHow many **batches** does one pass over `loader` "
+    "yield?")
 QUESTIONS = {
     "ch07-md-q1": "### Quiz 1: the serial loop\n\nA loop loads samples at {loop[sample_ms]} ms each, in batches "
                   "of {loop[batch]}, with `num_workers=0`; copying a batch to the\nGPU takes {loop[copy_ms]} ms "
@@ -61,8 +78,8 @@ QUESTIONS = {
                   "that it runs beside the compute. How many\n**milliseconds** per step in steady state?",
     "ch07-md-q4": "### Quiz 4: how many workers?\n\nAnother dataset streams its samples from object storage: "
                   "{slow[wait_ms]} ms of waiting per sample, in batches\nof {slow[batch]}. The GPU step (copy "
-                  "overlapped) takes {slow[step_ms]} ms. What is the **smallest number of workers** for\n"
-                  "which loading is no longer the slowest stage?",
+                  "overlapped) takes {slow[step_ms]} ms. What is the **smallest number of workers** with\n"
+                  "which loading no longer slows the step?",
     "ch07-md-q6": "### Quiz 6: I/O-bound loading, {many_workers} workers on {cores} cores\n\nLoading alone (the "
                   "step does nothing), an I/O-bound dataset (each sample waits on network\nstorage) on a "
                   "machine with {cores} free cores: how many **times** more batches per second do\n"
@@ -85,12 +102,14 @@ QUESTIONS = {
     "ch07-md-q12": "### Quiz 12: when does `torch.compile` pay?\n\nCompiling a model takes {compile_s} s; it "
                    "cuts the step from {steps[before_ms]} ms to {steps[after_ms]} ms. After how many "
                    "**steps** has\nthe compilation paid for itself?",
+    "ch07-md-q13": ITERABLE_QUIZ,
 }
 # Quiz 5 is a choice among three stages, Quiz 10 a reasoning item whose answer (100%) no number
-# changes.
+# changes, Quiz 14 a choice among four lines of code.
 FIXED = {
     "07-bound-stage": "a choice of three words ('data'); its diagnostics name its numbers",
     "07-util-percent": "100% whatever the kernel: NVML counts time, not SMs (reasoning)",
+    "07-clock-line": "a choice of four lines in a fixed piece of code (code reading)",
 }
 
 
@@ -118,6 +137,8 @@ def items(p: dict) -> list[Item]:
     needed = pipeline.workers_needed(slow_batch, SLOW_STEP, COPY, copy_overlapped=True)
     load_ms, slow_ms, step_ms = p["loop"]["load_ms"], p["slow"]["load_ms"], p["slow"]["step_ms"]
     saved = p["steps"]["before_ms"] - p["steps"]["after_ms"]
+    STREAM, STREAM_BATCH, STREAM_WORKERS = p["stream"]["samples"], p["stream"]["batch"], p["stream"]["workers"]
+    sharded_batches = STREAM // STREAM_BATCH                         # what the author meant
 
     return [
         Item("07-serial-step-ms", serial_ms, "ms", rel_tol=0.01, mistakes=(
@@ -220,6 +241,30 @@ def items(p: dict) -> list[Item]:
             Mistake(tiny_flops_per_s / 2 / PEAK, f"2x too small: each of the {TINY_N}³ products is a "
                     "multiply AND an add (2 FLOPs), and MFU divides by the dense 989.4 TFLOP/s, not "
                     "the with-sparsity figure."),
+        )),
+        # Quiz 13: every worker runs its own copy of __iter__, and nothing splits the stream.
+        Item("07-stream-batches", pipeline.unsharded_batches(STREAM, STREAM_BATCH, STREAM_WORKERS),
+             "batches", mistakes=(
+            Mistake(sharded_batches, f"that is {STREAM:,} / {STREAM_BATCH}, one pass over the file; but each of the "
+                    f"{STREAM_WORKERS} workers runs its own copy of __iter__ from the start, and nothing in it "
+                    "splits the samples (torch.utils.data.get_worker_info() would): every sample comes "
+                    f"{STREAM_WORKERS} times."),
+            Mistake(STREAM / (STREAM_WORKERS * STREAM_BATCH), "that is what one worker would yield if the "
+                    f"{STREAM_WORKERS} workers split the samples, which this __iter__ does not do; and the "
+                    "loader hands over every worker's batches: each worker yields all "
+                    f"{STREAM:,} samples."),
+            Mistake(STREAM * STREAM_WORKERS, "that counts samples; the loader yields batches of "
+                                             f"{STREAM_BATCH}."),
+        )),
+        # Quiz 14: the clock is read while the GPU still runs the queued forwards.
+        Item("07-clock-line", "c", "", choices=("a", "b", "c", "d"), mistakes=(
+            Mistake("a", "the synchronize on the line before (a) makes the clock start with nothing "
+                         "queued: that part is right. The problem is where it stops."),
+            Mistake("b", "launching asynchronously is what a GPU loop should do; the timing goes wrong "
+                         "only because the clock is read at (c) before the queued kernels have run: "
+                         "torch.cuda.synchronize() before (c)."),
+            Mistake("d", ".item() does wait for the GPU, but after (c) has read the clock: the elapsed "
+                         "time is already only the launching. Synchronise before (c)."),
         )),
         Item("07-compile-break-even", pipeline.compile_break_even_steps(COMPILE_S, STEP_BEFORE, STEP_AFTER),
              "steps", rel_tol=0.01, mistakes=(

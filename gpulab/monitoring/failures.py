@@ -292,12 +292,14 @@ def cuda_error_message(error_name: str, launch_blocking: bool = False) -> str:
 # ----------------------------------------------------------------------------- a hung collective
 
 
-def missing_rank(timeout_seconds: float = 1.0) -> tuple[float, str]:
+def missing_rank(timeout_seconds: float = 1.0, while_waiting=None) -> tuple[float, str]:
     """A collective that one rank never joins, made for real on a CPU: two gloo ranks of one
     group (two threads of this process, on 127.0.0.1), rank 0 calls ``all_reduce``, rank 1 never
     does. Rank 0 waits for the group's timeout and raises. Returns (seconds it waited, the error
     text). With NCCL on GPUs the same wait ends at ``init_process_group(timeout=...)`` (10 min by
-    default for NCCL), when the watchdog aborts the job (TORCH_NCCL_ASYNC_ERROR_HANDLING)."""
+    default for NCCL), when the watchdog aborts the job (TORCH_NCCL_ASYNC_ERROR_HANDLING).
+    ``while_waiting``: called from another thread a quarter of the timeout into the wait (e.g.
+    ``faulthandler.dump_traceback``: what a hung rank's stack looks like)."""
     import datetime
     import threading
     import time
@@ -318,6 +320,8 @@ def missing_rank(timeout_seconds: float = 1.0) -> tuple[float, str]:
         thread.start()
     for thread in ranks:
         thread.join()
+    if while_waiting is not None:
+        threading.Timer(timeout_seconds / 4, while_waiting).start()
     start = time.perf_counter()
     try:
         groups[0].allreduce([torch.ones(4)]).wait()      # rank 1 never arrives

@@ -10,7 +10,10 @@ One module per idea, in the order the chapter meets them:
                                     when a one-time cost pays back (``compile_break_even_steps``)
 - ``gpulab.pipeline.datasets``      sections 1-2: datasets with a known cost per sample
                                     (``LatencyDataset``, ``DecodeDataset`` with ``busy_work`` and
-                                    ``calibrate_rounds``, ``TokenDataset``)
+                                    ``calibrate_rounds``, ``TokenDataset``); section 8: a stream
+                                    every worker reads whole (``Stream``, ``unsharded_batches``),
+                                    read once across workers and ranks (``ShardedStream``), a
+                                    random augmentation (``RandomAugment``)
 - ``gpulab.pipeline.loop``          sections 1-2 and 4: a device step of known duration
                                     (``StandInCompute``), the DataLoader (``make_loader``), and a
                                     loop that measures it (``time_loop`` and its ``LoopTiming``,
@@ -33,8 +36,9 @@ its neighbours' functions through its own imports, not through ``gpulab.pipeline
 from gpulab.pipeline.step_model import (bottleneck, compile_break_even_steps, device_idle_share,
                                         loading_speedup, step_seconds, usable_cores,
                                         workers_needed)
-from gpulab.pipeline.datasets import (DecodeDataset, LatencyDataset, TokenDataset, busy_work,
-                                      calibrate_rounds)
+from gpulab.pipeline.datasets import (DecodeDataset, LatencyDataset, RandomAugment, ShardedStream,
+                                      Stream, TokenDataset, busy_work, calibrate_rounds,
+                                      unsharded_batches)
 from gpulab.pipeline.loop import (LoopTiming, StandInCompute, handover_seconds, load_seconds,
                                   loading_rate, make_loader, measure_pipeline, shutdown, time_loop)
 from gpulab.pipeline.copy_overlap import copy_compute_overlap
@@ -46,6 +50,8 @@ __all__ = [
     "usable_cores", "compile_break_even_steps",
     # synthetic datasets (sections 1-2)
     "LatencyDataset", "busy_work", "calibrate_rounds", "DecodeDataset", "TokenDataset",
+    # section 8: streams, workers and ranks, random draws
+    "Stream", "unsharded_batches", "ShardedStream", "RandomAugment",
     # the stand-in step and the measured loop (sections 1-2, 4)
     "StandInCompute", "LoopTiming", "shutdown", "time_loop", "load_seconds", "handover_seconds",
     "make_loader", "measure_pipeline", "loading_rate",

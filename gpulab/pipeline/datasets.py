@@ -1,5 +1,7 @@
 """Synthetic datasets for chapter 07: a known cost per sample (a wait, or a fixed amount of
-computing), nothing downloaded."""
+computing), nothing downloaded; and the streams and random draws of its section 8 (a stream that
+every worker reads whole, the same stream read once across workers and ranks, a random
+augmentation), which DataLoader workers can import."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ import math
 import time
 
 import torch
-from torch.utils.data import Dataset
+import torch.distributed as dist
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 
 # ------------------------------------------------------------------------------------------
@@ -103,3 +106,62 @@ class TokenDataset(Dataset):
         if self.latency:
             time.sleep(self.latency * len(indices))
         return [self._tokens(index) for index in indices]
+
+
+# ------------------------------------------------------------------------------------------
+# Streams and random draws (section 8, "In your training script")
+
+
+class Stream(IterableDataset):
+    """A stream of ``n`` samples (0, 1, ..., n - 1, standing for the samples of one file), written
+    as people first write one: with W DataLoader workers, each worker runs its own copy of
+    ``__iter__`` from the start, so every sample comes W times (``unsharded_batches``)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield torch.tensor(i)
+
+
+def unsharded_batches(samples: int, batch_size: int, workers: int) -> int:
+    """Batches in one pass over ``DataLoader(Stream(samples), batch_size, num_workers=workers)``:
+    each of the W workers (one process with ``workers=0``) batches the whole stream itself, so
+    W x ceil(samples / batch_size)."""
+    return max(workers, 1) * math.ceil(samples / batch_size)
+
+
+class ShardedStream(IterableDataset):
+    """The same stream, each sample read once across every worker of every rank: with W workers
+    on each of R ranks there are W x R readers, and reader ``rank * W + worker`` takes every
+    (W x R)-th sample from its own offset. With files, slice the list of files the same way."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()                          # None in the main process
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        if dist.is_available() and dist.is_initialized():
+            rank, ranks = dist.get_rank(), dist.get_world_size()
+        else:
+            rank, ranks = 0, 1
+        reader, readers = rank * workers + worker, ranks * workers
+        for i in range(reader, self.n, readers):
+            yield torch.tensor(i)
+
+
+class RandomAugment(Dataset):
+    """``n`` samples, each a random draw from the loading process's own generator, as a random
+    crop or flip draws: in a DataLoader worker that generator is seeded base_seed + worker id,
+    base_seed drawn from the loader's ``generator`` (torch/utils/data/_utils/worker.py)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.rand(())

@@ -99,12 +99,13 @@ def course_ladder(on_gpu: bool):
 
 
 def run_rung(config, rung: Rung, seq_len: int, device: torch.device | str, steps: int = 3,
-             sample_latency: float = 0.0) -> dict:
+             sample_latency: float = 0.0, warmup: int | None = None) -> dict:
     """Train ``GPT(config)`` (fp32 weights) with ``rung``'s settings; time ``steps`` steps (rounded
     up to a multiple of the workers, who deliver in turn) after the warm-up: one step per worker,
     so each has started and delivered, plus the first steps' one-time costs (compilation, when
-    ``rung.compile``). Data: a ``TokenDataset`` waiting ``sample_latency`` s per sample (one wait
-    per batch), through a DataLoader with ``rung.workers`` workers.
+    ``rung.compile``); ``warmup`` steps instead, if given. Data: a ``TokenDataset`` waiting
+    ``sample_latency`` s per sample (one wait per batch), through a DataLoader with
+    ``rung.workers`` workers.
 
     Returns a dict: ``tokens_per_second``, ``step_seconds``, ``flops_per_token`` (6N + 12·L·h·s,
     N without the embedding tables, as ``measure.training_step_throughput``), ``warmup_seconds``
@@ -121,7 +122,7 @@ def run_rung(config, rung: Rung, seq_len: int, device: torch.device | str, steps
     model = GPT(config, device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **_OPTIMIZERS[rung.optimizer])
     forward = torch.compile(model) if rung.compile else model
-    warmup = rung.workers + (2 if on_gpu else 1)
+    warmup = rung.workers + (2 if on_gpu else 1) if warmup is None else warmup
     steps = math.ceil(steps / max(rung.workers, 1)) * max(rung.workers, 1)
     dataset = TokenDataset((warmup + steps + 1) * rung.batch_size, seq_len, config.vocab_size,
                            sample_latency)

@@ -137,7 +137,7 @@ def handover_seconds(dataset: Dataset, batch_size: int, batches: int = 8,
     seconds, so the batch is ready and what is timed is only its hand-over (unpickling, and
     receiving its shared memory's file descriptor from the worker, who must get a core to send it:
     on a busy machine that wait is most of it). Use a dataset of the loop's shapes that costs
-    nothing to load, e.g. ``LatencyDataset(n, 0.0, shape)``."""
+    nothing to load, e.g. ``LatencyDataset(n, 0.0, shape)``, with ``batches + 1`` batches."""
     iterator = iter(make_loader(dataset, batch_size, 1))
     samples = []
     try:
