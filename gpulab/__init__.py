@@ -13,6 +13,8 @@ Its folders follow the course, one per chapter idea, in the order a learner meet
 - ``gpulab.parallel``       06: ranks from a notebook, the collectives, DDP, ZeRO and FSDP
 - ``gpulab.pipeline``       07: the step-time model, datasets, the measured loop, profiling
 - ``gpulab.monitoring``     08: a GPU monitor, the classic failures, checkpoint intervals
+- ``gpulab.batch_size``     10: the gradient noise scale, the critical batch, learning-rate
+                            scaling and warm-up
 - ``gpulab.gpu_share``      a workshop learner's GPU memory cap, applied when torch is imported
 - ``gpulab.course``         the course's machinery: quiz checks, per-student numbers,
                             predictions beside measurements, plots, widgets

@@ -12,7 +12,11 @@ from urllib.parse import unquote, urlparse
 import nbformat
 import pytest
 
-from gpulab import arith, precision
+import gpulab.batch_size.lr_scaling  # noqa: F401  the formula sheet's chapter 10 rows call
+import gpulab.batch_size.noise_scale  # noqa: F401  batch_size.<module>.<name>
+import gpulab.batch_size.planning  # noqa: F401
+import gpulab.batch_size.tradeoff  # noqa: F401
+from gpulab import arith, batch_size, precision
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "book" / "_build" / "html"
@@ -152,5 +156,5 @@ def test_formula_sheet_examples_agree_with_gpulab():
     rows = re.findall(r"^\| (.+?) \| `(.+?)` \| ([0-9.]+) \|$", table, flags=re.M)
     assert len(rows) >= 10
     for example, call, shown in rows:
-        value = eval(call, {"arith": arith, "precision": precision})  # the page's own gpulab call
+        value = eval(call, {"arith": arith, "precision": precision, "batch_size": batch_size})  # the page's own gpulab call
         assert value == pytest.approx(float(shown), rel=5e-4), f"{example}: page says {shown}, gpulab {value}"
