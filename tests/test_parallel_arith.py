@@ -41,6 +41,21 @@ def test_gather_scatter_and_rooted_worked_examples():
         == arith.reduce_scatter_seconds(3 * GB, 4, 50 * GB, 2e-6)
 
 
+def test_all_to_all_worked_example_and_nccl_tests_bus_factor():
+    """Issue 29: the chapter's first goal asks for all-to-all's time. Each rank sends (n−1)/n of
+    its buffer through its own link (nccl-tests src/alltoall.cu: a send and a receive with every
+    peer; busbw = algbw·(n−1)/n), so 1 GB per rank over 8 ranks at 100 GB/s takes 8.75 ms, and
+    the measured time turns back into the link's 100 GB/s."""
+    assert arith.alltoall_seconds(1 * GB, 8, 100 * GB) == pytest.approx(8.75e-3)
+    assert arith.alltoall_seconds(1 * GB, 8, 100 * GB, latency=1e-5) == pytest.approx(8.75e-3 + 7e-5)
+    assert arith.collective_seconds("all_to_all", 1 * GB, 8, 100 * GB) == \
+        arith.alltoall_seconds(1 * GB, 8, 100 * GB)
+    assert arith.bus_bandwidth(100.0, "all_to_all", 8) == pytest.approx(87.5)
+    t = arith.alltoall_seconds(2 * GB, 64, 50 * GB)
+    assert arith.bus_bandwidth(arith.algorithm_bandwidth(2 * GB, t), "all_to_all", 64) == \
+        pytest.approx(50 * GB)
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_one_rank_costs_nothing(op):
     """A collective over a single rank moves no data and waits on no one, latency or not."""
@@ -205,7 +220,7 @@ def test_pipeline_bubble():
 def test_docstring_worked_examples():
     """The worked examples in the chapter-06 docstrings run and give what they say."""
     names = ["allreduce_seconds", "allgather_seconds", "reduce_scatter_seconds",
-             "collective_seconds", "algorithm_bandwidth", "bus_bandwidth", "zero_bytes_per_gpu",
+             "alltoall_seconds", "collective_seconds", "algorithm_bandwidth", "bus_bandwidth", "zero_bytes_per_gpu",
              "zero_comm_bytes", "dp_step_seconds", "min_tokens_compute_bound",
              "pipeline_bubble_fraction"]
     runner = doctest.DocTestRunner()
@@ -228,7 +243,8 @@ def test_docstring_worked_examples():
     (lambda: arith.reduce_scatter_seconds(1e9, 8, 1e11, latency=-1e-6), "latency"),
     (lambda: arith.collective_seconds("allreduce", 1e9, 8, 1e11), "op must be one of"),
     (lambda: arith.collective_seconds("broadcast", -5, 8, 1e11), "n_bytes"),
-    (lambda: arith.bus_bandwidth(1e9, "all_to_all", 8), "op must be one of"),
+    (lambda: arith.bus_bandwidth(1e9, "alltoall", 8), "op must be one of"),
+    (lambda: arith.alltoall_seconds(1e9, 0, 1e11), "n_ranks"),
     (lambda: arith.bus_bandwidth(-1e9, "all_reduce", 8), "algbw"),
     (lambda: arith.bus_bandwidth(1e9, "all_reduce", 0), "n_ranks"),
     (lambda: arith.algorithm_bandwidth(1e9, 0), "seconds"),

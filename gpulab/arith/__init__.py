@@ -34,12 +34,13 @@ from .flops_and_roofline import (  # noqa: F401
 )
 from .checkpointing_and_accumulation import (  # noqa: F401
     sqrt_segment_size, segment_activation_bytes, best_segment_size,
-    training_flops_with_checkpointing, global_batch, accumulation_steps, largest_micro_batch,
+    training_flops_with_checkpointing, block_forward_flops_per_token, recompute_flops_per_token,
+    gpt_step_flops_per_token, global_batch, accumulation_steps, largest_micro_batch,
 )
 from .communication import (  # noqa: F401
     LINKS, COLLECTIVES, allreduce_seconds, allgather_seconds, reduce_scatter_seconds,
-    collective_seconds, algorithm_bandwidth, bus_bandwidth, zero_bytes_per_gpu, zero_comm_bytes,
-    dp_step_seconds, min_tokens_compute_bound, pipeline_bubble_fraction,
+    alltoall_seconds, collective_seconds, algorithm_bandwidth, bus_bandwidth, zero_bytes_per_gpu,
+    zero_comm_bytes, dp_step_seconds, min_tokens_compute_bound, pipeline_bubble_fraction,
 )
 
 __all__ = [
@@ -50,9 +51,10 @@ __all__ = [
     "matmul_flops", "matmul_bytes", "training_flops", "mfu", "arithmetic_intensity",
     "attention_bytes", "critical_intensity", "roofline_seconds", "bound", "SECONDS_PER_DAY",
     "training_days", "segment_size", "sqrt_segment_size", "segment_activation_bytes",
-    "best_segment_size", "training_flops_with_checkpointing", "global_batch", "accumulation_steps",
+    "best_segment_size", "training_flops_with_checkpointing", "block_forward_flops_per_token",
+    "recompute_flops_per_token", "gpt_step_flops_per_token", "global_batch", "accumulation_steps",
     "largest_micro_batch", "LINKS", "COLLECTIVES", "allreduce_seconds", "allgather_seconds",
-    "reduce_scatter_seconds", "collective_seconds", "algorithm_bandwidth", "bus_bandwidth",
-    "zero_bytes_per_gpu", "zero_comm_bytes", "dp_step_seconds", "min_tokens_compute_bound",
-    "pipeline_bubble_fraction",
+    "reduce_scatter_seconds", "alltoall_seconds", "collective_seconds", "algorithm_bandwidth",
+    "bus_bandwidth", "zero_bytes_per_gpu", "zero_comm_bytes", "dp_step_seconds",
+    "min_tokens_compute_bound", "pipeline_bubble_fraction",
 ]

@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from .training_memory import _positive, check_positive_integers, predict_training_memory
+from .training_memory import (_positive, check_positive_integers, predict_training_memory,
+                              segment_size)
 
 
 def sqrt_segment_size(n_layer: int) -> int:
@@ -77,10 +78,12 @@ def training_flops_with_checkpointing(n_params_blocks: float, n_params_other: fl
     the other parameters that do matmuls (leave out embedding tables: a lookup does no
     arithmetic). Attention's parameter-free matmuls are left out (``training_flops`` counts
     them). The segment size does not change the count: each block is recomputed once whatever
-    k is (PyTorch's early stop skips the last op of each segment, a little less). These are
-    "hardware FLOPs"; MFU counts only the 6N model FLOPs. Sources: Chen et al. 2016, §4 (one
-    extra forward); Korthikanti et al. 2022, §6 (model vs hardware FLOPs); formulas.md,
-    "Compute". Chapter 05, "What recomputation costs".
+    k is. This is the textbook count (reentrant checkpointing, Megatron-LM's full recomputation);
+    PyTorch's default non-reentrant ``checkpoint`` stops early and does less
+    (``gpt_step_flops_per_token`` counts what it runs). These are "hardware FLOPs"; MFU counts
+    only the 6N model FLOPs. Sources: Chen et al. 2016, §4 (one extra forward); Korthikanti et
+    al. 2022, §6 (model vs hardware FLOPs); formulas.md, "Compute". Chapter 05, "What
+    recomputation costs".
 
     >>> training_flops_with_checkpointing(1e9, 0.0, 1.0) / training_flops(1e9, 1.0)
     1.3333333333333333
@@ -89,6 +92,89 @@ def training_flops_with_checkpointing(n_params_blocks: float, n_params_other: fl
     if n_params_other < 0:
         raise ValueError(f"n_params_other must be >= 0, got {n_params_other!r}")
     return (8 * n_params_blocks + 6 * n_params_other) * n_tokens
+
+
+def block_forward_flops_per_token(n_embd: int, seq_len: int) -> float:
+    """Matmul FLOPs per token of one block of the course GPT in forward: 2·12h² + 4·s·h.
+
+    12h² weights (attention c_attn 3h² and c_proj h², MLP c_fc 4h² and c_proj 4h²), 2 FLOPs per
+    weight per token; the attention's q·kᵀ and scores·v, 2·s·h each per token (the full s × s
+    square, as ``training_flops`` and FlopCounterMode count it). Chapter 05.
+
+    >>> block_forward_flops_per_token(256, 128)
+    1703936
+    """
+    check_positive_integers(n_embd=n_embd, seq_len=seq_len)
+    return 24 * n_embd * n_embd + 4 * seq_len * n_embd
+
+
+def recompute_flops_per_token(config, seq_len: int, segments, *, early_stop: bool = True,
+                              attention_core_only: bool = False) -> float:
+    """FLOPs per token that backward spends recomputing checkpointed segments of the course GPT.
+
+    ``segments``: the number of blocks in each checkpointed segment, e.g. [1, 1, 1, 1] for
+    every block of four, [2] for ``checkpoint_sequential(blocks, 2, x)`` on four blocks (it
+    leaves the last segment unchecked). Each segment's forward runs again during backward, with
+    one exception. PyTorch's non-reentrant ``checkpoint`` (``use_reentrant=False``) stops
+    recomputing as soon as every tensor backward needs has been rebuilt ("early stop", on by
+    default: torch.utils.checkpoint docs, ``set_checkpoint_early_stop``). In the course GPT the
+    segment's last matmul, the MLP's output projection (4h² weights, 8h² FLOPs per token), feeds
+    only the residual addition, which saves nothing, so it is never recomputed: each segment
+    rebuilds a third of a block less. With dropout the last op is the dropout, whose mask is
+    saved, and nothing is skipped; with ``early_stop=False`` (or reentrant checkpointing)
+    nothing is either.
+
+    ``attention_core_only=True``: selective recomputation that keeps every Linear layer's output
+    and recomputes the rest (``CheckpointPolicy.MUST_SAVE`` for ``aten.mm``/``aten.addmm``):
+    only the attention's two parameter-free matmuls, 4·s·h per token per block, run again.
+    Chapter 05, "What PyTorch recomputes"; measured with ``torch.utils.flop_counter.FlopCounterMode``
+    in tests/test_checkpointing.py.
+
+    >>> from gpulab.models import GPTConfig
+    >>> recompute_flops_per_token(GPTConfig(), 128, [1, 1, 1, 1])
+    4718592
+    """
+    check_positive_integers(seq_len=seq_len)
+    segments = list(segments)
+    check_positive_integers(**{f"segments[{i}]": k for i, k in enumerate(segments)})
+    if sum(segments) > config.n_layer:
+        raise ValueError(f"segments {segments} hold more blocks than the model's "
+                         f"n_layer = {config.n_layer}")
+    h = config.n_embd
+    if attention_core_only:
+        return sum(segments) * 4 * seq_len * h
+    skipped = 8 * h * h if early_stop and config.dropout == 0 else 0
+    per_block = block_forward_flops_per_token(h, seq_len)
+    return sum(k * per_block - skipped for k in segments)
+
+
+def gpt_step_flops_per_token(config, seq_len: int, checkpointing: bool | int = False,
+                             early_stop: bool = True) -> float:
+    """Matmul FLOPs per token of a training step of ``GPT(config, checkpointing=...)``, as
+    ``torch.utils.flop_counter.FlopCounterMode`` counts them (forward, backward and what
+    checkpointing recomputes; no element-wise work, no optimizer).
+
+    Without checkpointing: 3 × forward, forward = L·(24h² + 4sh) + 2hV (the blocks, then the
+    head; the embedding lookups do no arithmetic): ``training_flops``' 6N + 12·L·h·s with N the
+    matmul weights. With it, plus ``recompute_flops_per_token`` for the segments
+    ``GPT(config, checkpointing=k)`` makes (k blocks each, the top one shorter). For the course
+    GPT (4 blocks, h = 256, V = 1000) at s = 128: 21.98 M per token, 26.70 M with every block
+    checkpointed: 1.215 times as many, not the 8N/6N = 1.33 of full recomputation, because
+    PyTorch's early stop skips each block's last matmul. The first number is the "model FLOPs"
+    MFU counts; the second the "hardware FLOPs" of HFU (Korthikanti et al. 2022, §6; PaLM,
+    Chowdhery et al. 2022, appendix B: MFU leaves rematerialisation out). Chapter 05.
+
+    >>> from gpulab.models import GPTConfig
+    >>> gpt_step_flops_per_token(GPTConfig(), 128), gpt_step_flops_per_token(GPTConfig(), 128, True)
+    (21983232, 26701824)
+    """
+    check_positive_integers(seq_len=seq_len)
+    L, h = config.n_layer, config.n_embd
+    forward = L * block_forward_flops_per_token(h, seq_len) + 2 * h * config.vocab_size
+    k = segment_size(checkpointing, L)
+    segments = [] if k is None else [min(k, L - start) for start in range(0, L, k)]
+    return 3 * forward + recompute_flops_per_token(config, seq_len, segments,
+                                                   early_stop=early_stop)
 
 
 def global_batch(micro_batch: int, accumulation_steps: int, dp_ranks: int = 1) -> int:

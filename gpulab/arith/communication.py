@@ -12,7 +12,8 @@ from .training_memory import RECIPES, ZERO_STAGES, _positive, check_positive_int
 # Conventions: n ranks joined in a ring; B is one rank's link bandwidth in one direction
 # (bytes/s); S is a collective's size in bytes as nccl-tests counts it: the per-rank buffer for
 # all-reduce, broadcast and reduce (input and output are the same size), the FULL buffer for
-# all-gather (its output, n x each rank's share) and reduce-scatter (its input). Times are the
+# all-gather (its output, n x each rank's share) and reduce-scatter (its input), each rank's whole
+# send buffer for all-to-all (n pieces, one per rank, itself included). Times are the
 # bandwidth-optimal bound plus an optional per-step latency (Hockney's alpha-beta model, as in
 # ``transfer_seconds``); real NCCL adds protocol overheads and picks trees for small messages.
 
@@ -34,7 +35,7 @@ LINKS: dict[str, float] = {
     "Ethernet 100GbE": 12.5e9,
 }
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 
 
 def _non_negative(**values) -> None:
@@ -112,12 +113,41 @@ def reduce_scatter_seconds(n_bytes: float, n_ranks: int, bandwidth: float,
     return steps * latency + steps / n_ranks * n_bytes / bandwidth
 
 
+def alltoall_seconds(n_bytes: float, n_ranks: int, bandwidth: float,
+                     latency: float = 0.0) -> float:
+    """All-to-all time through a switch: (n−1)·latency + (n−1)/n · S/B, with S each rank's whole
+    send buffer.
+
+    Each rank cuts its S bytes into n pieces and sends piece j to rank j: (n−1)/n·S bytes leave
+    it and as many arrive, over its own link. NCCL runs it as a send and a receive with every
+    peer at once (nccl-tests src/alltoall.cu, ``AlltoAllRunColl``), so when a non-blocking
+    switch joins the ranks (NVSwitch in an NVLink server, a fat-tree network) each rank's link
+    is the bottleneck, and nccl-tests reports busbw = algbw·(n−1)/n (``AlltoAllGetBw``), which
+    is B at that speed. The latency term counts the n − 1 peers one after the other, as a
+    pairwise exchange does; NCCL overlaps them. Not a ring collective: on a ring of links a
+    piece for the rank d hops away crosses d links, and each link carries
+    (S/n)·(1 + 2 + … + (n−1)) = (n−1)/2·S bytes, n/2 times as long. Mixture-of-experts layers
+    use it twice per layer, to send tokens to their experts and back. Chapter 06, "Collectives".
+
+    Worked example: 1 GB per rank over 8 ranks at 100 GB/s: 7/8 · 10 ms = 8.75 ms, the time of
+    an all-gather of a 1 GB result.
+
+    >>> round(alltoall_seconds(1e9, 8, 100e9) * 1e3, 6)
+    8.75
+    """
+    _check_link(n_bytes, n_ranks, bandwidth, latency)
+    steps = n_ranks - 1
+    return steps * latency + steps / n_ranks * n_bytes / bandwidth
+
+
 def collective_seconds(op: str, n_bytes: float, n_ranks: int, bandwidth: float,
                        latency: float = 0.0) -> float:
     """Time of collective ``op`` ("all_reduce", "all_gather", "reduce_scatter", "broadcast",
-    "reduce") on a ring, sizes as in nccl-tests (see the section's conventions).
+    "reduce", "all_to_all") on a ring (all-to-all: through a switch), sizes as in nccl-tests
+    (see the section's conventions).
 
-    all-reduce: ``allreduce_seconds``; all-gather, reduce-scatter: ``allgather_seconds``.
+    all-reduce: ``allreduce_seconds``; all-gather, reduce-scatter: ``allgather_seconds``;
+    all-to-all: ``alltoall_seconds``.
     Broadcast and reduce, pipelined along the ring: ≈ (n−1)·latency + S/B, since all S bytes
     must leave (broadcast) or reach (reduce) the root through its one link (nccl-tests
     doc/PERFORMANCE.md, "Broadcast", "Reduce": t = S/B). One rank costs nothing.
@@ -133,6 +163,8 @@ def collective_seconds(op: str, n_bytes: float, n_ranks: int, bandwidth: float,
         return allgather_seconds(n_bytes, n_ranks, bandwidth, latency)
     if op == "reduce_scatter":
         return reduce_scatter_seconds(n_bytes, n_ranks, bandwidth, latency)
+    if op == "all_to_all":
+        return alltoall_seconds(n_bytes, n_ranks, bandwidth, latency)
     _check_link(n_bytes, n_ranks, bandwidth, latency)
     if n_ranks == 1:
         return 0.0
@@ -155,7 +187,7 @@ def algorithm_bandwidth(n_bytes: float, seconds: float) -> float:
 
 _BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
                 "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
-                "reduce": lambda n: 1.0}
+                "reduce": lambda n: 1.0, "all_to_all": lambda n: (n - 1) / n}
 
 
 def bus_bandwidth(algbw: float, op: str, n_ranks: int) -> float:
@@ -163,7 +195,8 @@ def bus_bandwidth(algbw: float, op: str, n_ranks: int) -> float:
     whatever the number of ranks.
 
     Factors: all_reduce 2(n−1)/n; all_gather, reduce_scatter (n−1)/n; broadcast, reduce 1.
-    Source: NVIDIA nccl-tests, doc/PERFORMANCE.md ("Bus bandwidth", "Summary"). A ring run at
+    Source: NVIDIA nccl-tests, doc/PERFORMANCE.md ("Bus bandwidth", "Summary"); all_to_all
+    (n−1)/n, from src/alltoall.cu (``AlltoAllGetBw``; S each rank's whole buffer). A ring run at
     full speed has busbw = B, the per-rank link bandwidth of ``allreduce_seconds``. Chapter 06,
     "Measuring a collective".
 
