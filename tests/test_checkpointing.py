@@ -18,8 +18,9 @@ import torch
 
 from gpulab.checkpointing import accumulation as acc
 from gpulab.arith import (MiB, accumulation_steps, best_segment_size, global_batch,
-                          largest_micro_batch, predict_training_memory, segment_size,
-                          sqrt_segment_size, training_flops, training_flops_with_checkpointing)
+                          gpt_step_flops_per_token, largest_micro_batch, predict_training_memory,
+                          recompute_flops_per_token, segment_size, sqrt_segment_size,
+                          training_flops, training_flops_with_checkpointing)
 from gpulab.measure import step_seconds, training_step_peak
 from gpulab.models import GPT, GPTConfig
 from memory_cases import TOLERANCE, case_id, config, relative_error
@@ -125,6 +126,95 @@ def test_recomputation_flops():
     assert ratio == pytest.approx((24 + 6) / 24)
 
 
+def counted_flops_per_token(model, idx, targets, blocks=None):
+    """FlopCounterMode's count of one forward and backward, per token. ``blocks(model, x)``
+    replaces the model's own run through its blocks (the chapter's training-script lines)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def loss():
+        if blocks is None:
+            return model(idx, targets)[1]
+        x = model.wte(idx) + model.wpe(torch.arange(idx.shape[1]))
+        logits = model.lm_head(model.ln_f(blocks(model, x)))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    with FlopCounterMode(display=False) as counter:
+        loss().backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / idx.numel()
+
+
+TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=3, n_head=2, n_embd=32)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_recomputation_flops_are_what_pytorch_runs(dropout):
+    """Issue 29: PyTorch's non-reentrant checkpoint stops recomputing once backward has what it
+    needs, so each segment's last matmul (the MLP's output projection) never runs again, and
+    every block checkpointed costs (6 + 2·2/3)N, not 8N. FlopCounterMode counts it, for every
+    segment size, and with early stop off or dropout on (its mask is saved last) the whole
+    segment runs again."""
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+
+    cfg = dataclasses.replace(TINY, dropout=dropout)
+    torch.manual_seed(0)
+    idx, targets = torch.randint(64, (2, 16)), torch.randint(64, (2, 16))
+    for k in (False, True, 2, 3):
+        model = GPT(cfg, checkpointing=k)
+        assert counted_flops_per_token(model, idx, targets) == gpt_step_flops_per_token(cfg, 16, k)
+    with set_checkpoint_early_stop(False):
+        counted = counted_flops_per_token(GPT(cfg, checkpointing=True), idx, targets)
+    assert counted == gpt_step_flops_per_token(cfg, 16, True, early_stop=False)
+    full = gpt_step_flops_per_token(cfg, 16) + 3 * 2 * (24 * 32 * 32 + 4 * 16 * 32) / 2
+    assert gpt_step_flops_per_token(cfg, 16, True, early_stop=False) == full  # a forward again
+
+
+def test_the_course_gpts_recomputation_ratio():
+    """The chapter's numbers: 21.98 M FLOPs per token, 26.70 M with every block checkpointed
+    (1.215x; the textbook 8N/6N would be 1.33, and 28.8 M with the attention recomputed whole)."""
+    course = GPTConfig()
+    plain, every = (gpt_step_flops_per_token(course, 128, k) for k in (False, True))
+    assert (plain, every) == (21_983_232, 26_701_824)
+    assert every / plain == pytest.approx(1.2147, abs=1e-4)
+    assert gpt_step_flops_per_token(course, 128, True, early_stop=False) == 28_798_976
+
+
+def test_the_training_script_lines_recompute_what_the_formula_says():
+    """checkpoint_sequential leaves its last segment unchecked; a policy that saves the Linear
+    layers' outputs recomputes only the attention's two matmuls (chapter 05, section 4)."""
+    from functools import partial
+
+    from torch.utils.checkpoint import (CheckpointPolicy, checkpoint_sequential,
+                                        create_selective_checkpoint_contexts)
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+    def save_matmuls(ctx, op, *args, **kwargs):
+        if op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def sequential(model, x):
+        return checkpoint_sequential(model.blocks, 2, x, use_reentrant=False)
+
+    def selective(model, x):
+        context = partial(create_selective_checkpoint_contexts, save_matmuls)
+        for block in model.blocks:
+            x = torch_checkpoint(block, x, use_reentrant=False, context_fn=context)
+        return x
+
+    cfg = dataclasses.replace(TINY, n_layer=4)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    idx, targets = torch.randint(64, (2, 16)), torch.randint(64, (2, 16))
+    plain = gpt_step_flops_per_token(cfg, 16)
+    assert counted_flops_per_token(model, idx, targets, sequential) == (
+        plain + recompute_flops_per_token(cfg, 16, [2]))
+    assert counted_flops_per_token(model, idx, targets, selective) == (
+        plain + recompute_flops_per_token(cfg, 16, [1] * 4, attention_core_only=True))
+    with pytest.raises(ValueError, match="n_layer"):
+        recompute_flops_per_token(cfg, 16, [2, 3])
+
+
 def test_step_seconds_runs():
     tiny = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
     assert 0 < step_seconds(tiny, 2, 16, checkpointing=1, steps=1, device="cpu") < 10
@@ -226,3 +316,31 @@ def test_largest_micro_batch_fits_and_one_more_does_not(ckpt, accumulating):
     assert fits.peak <= budget < too_big.peak
     assert largest_micro_batch(peak(1) - 1, cfg, s, dtype, opt, ckpt, accumulating) == 0
     assert largest_micro_batch(peak(1), cfg, s, dtype, opt, ckpt, accumulating) == 1
+
+
+def test_the_chapters_loop_is_the_code_that_runs_and_quiz_11_differs_in_line_8():
+    """Chapter 05, section 4 (issue 27): the loop the chapter prints is, line for line, the body
+    of ddp_accumulation.accumulate that its experiment and chapter 06's torchrun script run; and
+    the code-reading quiz's loop differs from it in line 8 only, the line its key names."""
+    import inspect
+    import json
+    import re
+    from pathlib import Path
+
+    from gpulab.checkpointing import ddp_accumulation
+
+    path = Path(__file__).resolve().parent.parent / "solutions" / "05_checkpointing_accumulation"
+    cells = {c["id"]: "".join(c["source"])
+             for c in json.loads((path / "05_checkpointing_accumulation.ipynb").read_text())["cells"]}
+
+    def block(cell_id):
+        return re.search(r"```python\n(.*?)```", cells[cell_id], re.S).group(1).splitlines()
+
+    right, quiz = block("ch05-md-script-accum"), block("ch05-md-quiz-loop")
+    body = [line.strip() for line in inspect.getsource(ddp_accumulation.accumulate).splitlines()]
+    assert [line.strip() for line in right[:-2]] == body[body.index(right[0].strip()):][:len(right) - 2]
+    assert right[-2:] == ["optimizer.step()", "optimizer.zero_grad(set_to_none=True)"]
+    code = [re.sub(r"^ ?\d+ {2}", "", line) for line in quiz]        # drop the line numbers
+    differ = [n for n, (a, b) in enumerate(zip(code, right), 1)
+              if a.split("#")[0].rstrip() != b.split("#")[0].rstrip()]
+    assert len(code) == len(right) and differ == [8]

@@ -49,30 +49,48 @@ QUESTIONS = {
     "ch05-md-05": "### Quiz 2: what it costs in FLOPs\n\nTraining a {model[name]}-parameter model (N = "
                   "{model[text]}) on D = {tokens[text]} tokens with full recomputation: how many\ntraining "
                   "FLOPs, by the rule above?",
-    "ch05-md-07": "### Quiz 4: the best segment size, in Chen et al.'s model\n\nA network has L = {blocks} "
+    "ch05-md-07": "### Quiz 5: the best segment size, in Chen et al.'s model\n\nA network has L = {blocks} "
                   "layers. With segments of k layers, memory ≈ (L/k) + k units (one unit: a\nsegment input "
                   "or one layer's rebuilt activations, taken as equal, as Chen et al. do). Which **k**\n"
                   "minimises it?",
-    "ch05-md-k2": "### Quiz 5: when do segments of two blocks win?\n\nTake Quiz 1's model (h = 4096, a = 32 "
-                  "heads, s = {seq}, b = {micro_batch}, 16-bit), but now *without* fused\nattention: each "
-                  "block stores its s × s scores, so it keeps s·b·h·(34 + 5as/h) bytes, and its\ninput is "
-                  "2·s·b·h. With M(k) = (L/k)·S + k·A, at what depth **L** do segments of 2 blocks keep\n"
-                  "exactly as much as segments of 1? (Deeper than that, k = 2 keeps less.)",
-    "ch05-md-12": "### Quiz 6: the global batch\n\nMicro-batch {global_micro}, {global_accum} accumulation "
+    "ch05-md-k2": "### Quiz 6: when do segments of two blocks win?\n\nTake Quiz 1's model (h = 4096, s = {seq}, "
+                  "b = {micro_batch}, 16-bit) and give it a = 32 attention heads, but\nnow *without* fused "
+                  "attention: each block stores its s × s scores, so it keeps s·b·h·(34 + 5as/h)\nbytes, and "
+                  "its input is 2·s·b·h. With M(k) = (L/k)·S + k·A, at what depth **L** do segments of 2\n"
+                  "blocks keep exactly as much as segments of 1? (Deeper than that, k = 2 keeps less.)",
+    "ch05-md-12": "### Quiz 7: the global batch\n\nMicro-batch {global_micro}, {global_accum} accumulation "
                   "steps, {global_gpus} data-parallel GPUs. What is the global batch?",
-    "ch05-md-13": "### Quiz 7: how many accumulation steps?\n\nYou want a global batch of {target_batch} "
+    "ch05-md-13": "### Quiz 8: how many accumulation steps?\n\nYou want a global batch of {target_batch} "
                   "sequences. Each of {target_gpus} GPUs fits a micro-batch of {target_micro}. How many\n"
                   "accumulation steps?",
-    "ch05-md-20": "### Quiz 9: from the budget to the accumulation steps\n\nUse the largest micro-batch "
+    "ch05-md-20": "### Quiz 10: from the budget to the accumulation steps\n\nUse the largest micro-batch "
                   "printed above for `checkpointing=True`. You want a global batch of\nexactly "
                   "{one_gpu_batch} on one GPU, so the micro-batch must divide {one_gpu_batch}: take the "
                   "largest divisor of {one_gpu_batch} that\nfits. How many accumulation steps does that give?",
 }
-# The same for everyone: Quiz 3's answer (2/6) holds for every N and D, and with Quiz 8's it is the
-# prediction an experiment measures (the recomputation's step time; 4 micro-batches' gradients).
+# The same for everyone: Quiz 3's answer (2/6) holds for every N and D, Quiz 4's (2/9) for every
+# width, and with Quiz 9's they are predictions an experiment measures (the recomputation's FLOPs
+# and step time; 4 micro-batches' gradients). Quiz 11 reads a loop printed in the question.
 FIXED = {
     "05-recompute-overhead": "2/6 whatever N and D; the step-time experiment measures it",
+    "05-early-stop-overhead": "2/9 for any width: the block's shape sets it; Experiment 1 counts it",
     "05-loss-factor": "the 4 micro-batches whose gradients the experiment accumulates",
+    "05-wrong-line": "a reading of the loop the question prints; the ranks' run measures it",
+}
+# Quiz 11's loop, line by line: what each line does, for the learner who picks a right one.
+LOOP_LINES = {
+    1: "line 1 counts this rank's valid tokens (padding is -100), as the rule asks.",
+    2: "line 2 is right: every rank must divide by the valid tokens of the whole global batch, "
+       "so the count is summed over the ranks.",
+    3: "line 3 only walks through the micro-batches.",
+    4: "line 4 marks the last micro-batch, the one whose backward should all-reduce.",
+    5: "line 5 is right: no_sync() on every micro-batch but the last, so DDP all-reduces once per "
+       "optimizer step, after the gradients are summed.",
+    6: "line 6 only runs the model (its logits, no loss).",
+    7: "line 7 is right: a sum over the valid tokens (F.cross_entropy skips -100 by default), "
+       "which line 8 divides by the global count, weighs every token the same.",
+    9: "stepping once, after the loop, is right: one optimizer step per global batch.",
+    10: "clearing the gradients after the step is right: the next step accumulates from zero.",
 }
 
 
@@ -84,10 +102,15 @@ def items(p: dict) -> list[Item]:
     micro, accum, gpus = p["global_micro"], p["global_accum"], p["global_gpus"]
     wanted, wanted_gpus, wanted_micro = p["target_batch"], p["target_gpus"], p["target_micro"]
 
+    SQRT = arith.sqrt_segment_size(BLOCKS)
     full_layer = arith.activation_bytes_per_layer(S, B, H, A, recompute="full")
     selective_layer = arith.activation_bytes_per_layer(S, B, H, A, recompute="selective")
     stored_layer = arith.activation_bytes_per_layer(S, B, H, A)           # scores stored: 34 + 5as/h
     plain, recomputed = arith.training_flops(N, D), arith.training_flops(N, D, recompute=True)
+    # Quiz 4: a model that is all blocks; early stop skips each block's MLP output projection,
+    # 4h² of 12h² weights: 2·8h² FLOPs recomputed per token against 6·12h² (h cancels; the same
+    # 2/9 as arith.recompute_flops_per_token over 3·arith.block_forward_flops_per_token, s = 0).
+    EARLY_STOP = 2 * (12 - 4) / (6 * 12)
 
     def k2_crossing(block_bytes: float, input_bytes: float = full_layer) -> float:
         """Depth L at which segments of 2 blocks keep as much as segments of 1 (quiz 5):
@@ -117,13 +140,27 @@ def items(p: dict) -> list[Item]:
             Mistake(100 * (recomputed / plain - 1), "that is a percentage; give a fraction."),
             Mistake(recomputed / plain, "that is the ratio (8/6); the increase is the ratio minus 1."),
         )),
-        Item("05-sqrt-segment", arith.sqrt_segment_size(BLOCKS), "blocks", mistakes=(
+        Item("05-early-stop-overhead", EARLY_STOP, "", rel_tol=0.01, mistakes=(
+            Mistake(1 / 3, "that is the textbook rule, a whole forward again (8N against 6N); "
+                           "early stop never recomputes the MLP's output projection, 4h² of each "
+                           "block's 12h²."),
+            Mistake(EARLY_STOP / 2, "that counts each recomputed weight once; a forward costs 2 "
+                                    "FLOPs per weight per token, the step 6: 2·8h² against 6·12h²."),
+            Mistake(16 / 88, "that is the recomputation's share of the new total; the increase is "
+                             "measured against the step without checkpointing, 6·12h² per token."),
+            Mistake(1 + EARLY_STOP, "that is the ratio of the two; the increase is the ratio minus 1."),
+            Mistake(100 * EARLY_STOP, "that is a percentage; give a fraction."),
+        )),
+        Item("05-sqrt-segment", SQRT, "blocks", mistakes=(
             Mistake(BLOCKS, f"one segment of all {BLOCKS} blocks keeps 1 input but rebuilds {BLOCKS} "
                             f"blocks at once: {BLOCKS + 1} units."),
             Mistake(1, f"segments of one block keep all {BLOCKS} inputs: {BLOCKS + 1} units. Balance "
                        "the two terms."),
             Mistake(BLOCKS // 2, f"{BLOCKS // 2} gives 2 + {BLOCKS // 2} = {2 + BLOCKS // 2} units; the "
                                  "sum is smallest where L/k = k."),
+            *(Mistake(k, f"k = {k} keeps {BLOCKS}/{k} + {k} = {BLOCKS / k + k:.3g} units; compare it with "
+                         "its neighbours: L/k + k is smallest where L/k = k.")
+              for k in (SQRT - 1, SQRT + 1)),
         )),
         Item("05-k2-layers", k2_crossing(stored_layer), "layers", rel_tol=0.01, mistakes=(
             Mistake(k2_crossing(selective_layer), "that leaves out the attention scores' 5as/h "
@@ -154,6 +191,8 @@ def items(p: dict) -> list[Item]:
             Mistake(accumulation_for_target(False), "that uses the micro-batch that fits without "
                                                     "checkpointing; this question uses checkpointing=True."),
         )),
+        Item("05-wrong-line", 8, "", mistakes=tuple(
+            Mistake(line, says) for line, says in LOOP_LINES.items())),
     ]
 
 

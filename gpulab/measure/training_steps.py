@@ -55,12 +55,12 @@ def step_seconds(config: GPTConfig | None = None, batch_size: int = 8, seq_len: 
                  device=None, steps: int = 3, micro_batches: int = 1) -> float:
     """Median seconds of a training step: ``training_step_timing(...).median``.
 
-    Checkpointing every block runs the blocks' forward twice: expect about
-    ``arith.training_flops_with_checkpointing`` / ``arith.training_flops``, a third more for a
-    model that is mostly blocks, and the same for any segment size. The course GPT (batch 8,
-    seq 128, float32, AdamW) on a shared 2-core CPU: 0.18-0.20 s a step without checkpointing,
-    0.23-0.27 s with it, every block, every 2 or one segment alike (1.25-1.4x, noisy; the FLOP
-    ratio is 1.31). Chapter 05, "What recomputation costs".
+    Checkpointing every block runs the blocks' forward again, less each segment's last matmul
+    (PyTorch's early stop): expect about the FLOP ratio of ``arith.gpt_step_flops_per_token``,
+    1.215 for the course GPT (batch 8, seq 128), a little more for larger segments (1.26 with
+    segments of 2, 1.29 with one of 4). Measured on a shared 2-core CPU before issue 29: 0.18-0.20
+    s a step without checkpointing, 0.23-0.27 s with it (1.25-1.4x, noisy: element-wise work and
+    per-op costs are recomputed too, the optimizer is not). Chapter 05, "What recomputation costs".
     """
     return training_step_timing(config, batch_size, seq_len, dtype, optimizer, checkpointing,
                                 device, steps, micro_batches).median
