@@ -82,3 +82,10 @@ def time_all_reduce(rank: int, world_size: int, sizes: list[int], repeats: int =
                 times.append(time.perf_counter() - start)
         medians.append(statistics.median(times))
     return medians
+
+
+def show_and_time(rank: int, world_size: int, sizes: list[int]) -> dict:
+    """Worker: ``show_collectives``, then ``time_all_reduce`` over ``sizes``, in one process
+    group: chapter 06 starts its ranks once for both (starting processes costs seconds)."""
+    return {"shown": show_collectives(rank, world_size),
+            "all-reduce medians": time_all_reduce(rank, world_size, sizes)}

@@ -9,7 +9,9 @@ starts each bucket's all-reduce while backward is still computing the rest (Li e
 "PyTorch Distributed", VLDB).
 
 The functions named as workers run inside ``gpulab.parallel.dist.launch``; ``train_one_process`` is the
-reference without any parallelism, for the same global batches.
+reference without any parallelism, for the same global batches. ``fsdp2_mixed_precision_step``
+is chapter 06's FSDP2 recipe (bf16 compute, fp32 reduction, accumulation without sync), which
+``sharded_state`` runs after counting the shards.
 """
 
 from __future__ import annotations
@@ -159,10 +161,58 @@ def train_one_process(steps: int = 10, batch: int = 16, seq_len: int = 64, lr: f
     return _flat_params(model)
 
 
-def sharded_state(rank: int, world_size: int) -> dict[str, int]:
+def fsdp2_mixed_precision_step(idx: torch.Tensor, mesh, micro_batches: int = 4) -> dict:
+    """One optimizer step of FSDP2 with bf16 compute, fp32 gradient reduction and accumulation
+    without communication: the lines of chapter 06's "In your training script", plus the lines
+    that look (marked). ``idx``: this rank's batch, split into ``micro_batches``.
+
+    ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: each unit's parameters are
+    all-gathered and computed with in bf16, the gradients reduce-scattered in fp32, and the
+    optimizer steps the fp32 shards, which are the master weights (no extra copy: PyTorch docs,
+    ``MixedPrecisionPolicy``). ``set_requires_gradient_sync(False)`` skips the reduce-scatter
+    (FSDP1's ``no_sync``); the unsharded gradients then accumulate on each rank, in
+    ``reduce_dtype``, until the micro-batch that syncs. ``reshard_after_forward`` is left at its
+    default, None in torch 2.13: True for the blocks (gathered again in backward: ZeRO-3), False
+    for the root, whose parameters backward needs first. Returns what each rank saw."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
+
+    model = seeded_gpt(idx.device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)   # steps the fp32 shards
+
+    seen = {"compute dtype": set()}                                   # looking
+    model.blocks[0].mlp.c_fc.register_forward_pre_hook(
+        lambda module, args: seen["compute dtype"].add(str(module.weight.dtype)))
+    parts = idx.split(len(idx) // micro_batches)
+    for i, x in enumerate(parts):
+        model.set_requires_gradient_sync(i == len(parts) - 1)        # reduce-scatter at the end
+        loss = model(x, x)[1]
+        if i == 0:                                                    # looking: after forward,
+            seen["block sharded after forward"] = isinstance(model.blocks[0].mlp.c_fc.weight, DTensor)
+            seen["root sharded after forward"] = isinstance(model.wte.weight, DTensor)
+        (loss / len(parts)).backward()
+        if i == len(parts) - 2:                                       # looking: nothing reduced yet
+            seen["gradients before the last micro-batch"] = sum(p.grad is not None
+                                                                for p in model.parameters())
+    seen["gradients after it"] = sum(p.grad is not None for p in model.parameters())
+    seen["gradient dtype"] = sorted({str(p.grad.dtype) for p in model.parameters()})
+    seen["parameter dtype"] = sorted({str(p.dtype) for p in model.parameters()})
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    seen["compute dtype"] = sorted(seen["compute dtype"])
+    seen["parameter tensors"] = len(list(model.parameters()))
+    return seen
+
+
+def sharded_state(rank: int, world_size: int) -> dict:
     """Worker: what each rank holds when the optimizer state (ZeroRedundancyOptimizer, ZeRO
     stage 1) or the parameters (FSDP2 ``fully_shard``, ZeRO stage 3) are sharded. Counts
-    elements, after one training step so that Adam's state exists."""
+    elements, after one training step so that Adam's state exists. Then, in the same process
+    group, ``fsdp2_mixed_precision_step`` (under "fsdp2 recipe")."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -183,4 +233,8 @@ def sharded_state(rank: int, world_size: int) -> dict[str, int]:
     fully_shard(sharded, mesh=mesh)
     local = sum(p.to_local().numel() for p in sharded.parameters())
     sharded(idx, idx)[1].backward()    # forward and backward gather and re-shard each unit
-    return {"params": GPT.count_params(CONFIG), "zero_adam_state": state, "fsdp_params": local}
+    recipe = fsdp2_mixed_precision_step(
+        torch.randint(0, CONFIG.vocab_size, (4, 16), generator=torch.Generator().manual_seed(rank)
+                      ).to(device), mesh)
+    return {"params": GPT.count_params(CONFIG), "zero_adam_state": state, "fsdp_params": local,
+            "fsdp2 recipe": recipe}

@@ -15,6 +15,9 @@ it, not leave its peers blocked in a collective and the notebook hung, nor outli
 Ranks are fresh "spawn" processes that import ``worker`` by name: a top-level function of a
 module (e.g. ``gpulab.parallel.collectives``), not of a notebook cell. Results travel back pickled, so
 workers return Python values or CPU tensors (``.cpu()``).
+
+``torchrun(module, n_ranks, *args)`` runs a whole training script the way a learner runs their
+own, ``torchrun --standalone --nproc_per_node=N -m module args`` (chapter 06, section 7).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 import pickle
 import signal
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -120,6 +124,32 @@ def launch(worker, n_ranks: int = 2, args: tuple = (), timeout: float = 30.0,
         _stop(procs)
         for pipe in pipes:
             pipe.close()
+
+
+def torchrun(module: str, n_ranks: int = 2, *args: str, timeout: float = 180.0) -> str:
+    """Run ``torchrun --standalone --nproc_per_node=n_ranks -m module *args`` (as
+    ``python -m torch.distributed.run``, which is what the ``torchrun`` command runs, so that no
+    PATH is needed). ``--standalone``: one node, a rendezvous on a free local port. Returns what
+    the ranks printed (stdout; torch's warnings on stderr are left out). Raises
+    RuntimeError with everything printed when it fails or outlives ``timeout`` seconds; on a
+    timeout every process it started is killed."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={n_ranks}", "-m", module, *args]
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(      # gpulab importable as here
+        p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+    env.setdefault("OMP_NUM_THREADS", "1")                 # torchrun would set it, with a warning
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env, start_new_session=True) as process:
+        try:
+            output, errors = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)          # the agent and every rank it started
+            output, errors = process.communicate()
+            raise RuntimeError(f"torchrun ran past {timeout} s:\n{output}{errors}") from None
+    if process.returncode:
+        raise RuntimeError(f"torchrun exited with {process.returncode}:\n{output}{errors}")
+    return output                    # stderr holds only torch's warnings when all went well
 
 
 def _check_importable(worker) -> None:
