@@ -9,29 +9,59 @@ Results:
     autograder/autograded/<student>/<chapter>/   executed, scored copies
     autograder/feedback/<student>/<chapter>/     HTML feedback to return to the student
     autograder/grades.csv                        one row per student and chapter
+    autograder/refused/<student>/<chapter>/      what a submission held that grading refused
 
-Each notebook runs in a sandbox that cannot see this folder; its test cells only record the
-answers, which are judged against the instructor's key in autograder/keys/ outside the learner's
-kernel (autograder/secure_grading.py). Findings such as deleted or duplicated test cells are
-listed at the top of the student's feedback and in autograder/integrity.jsonl.
+Before nbgrader copies anything, each submission folder is checked: only regular files within the
+size limits enter grading (autograder/intake.py). Each notebook runs in a sandbox that cannot see
+this folder; its test cells only record the answers, which are judged against the instructor's
+key in autograder/keys/ outside the learner's kernel (autograder/secure_grading.py). Findings such
+as refused files or deleted test cells are listed at the top of the student's feedback and in
+autograder/integrity.jsonl. One submission never stops the batch: a student whose grading or
+feedback fails is retried alone, and if it fails again gets feedback that says so.
 """
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
+import re
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-from nbgrader.api import Gradebook
+from nbgrader.api import Gradebook, MissingEntry
 
-from release import AUTOGRADER, course_seed, nbgrader, release, start_nbgrader
-from secure_grading import INTEGRITY_LOG, PROGRESS_LOG, sandbox_warnings
+import intake
+from release import AUTOGRADER, chapters, course_seed, nbgrader, release
+from secure_grading import INTEGRITY_LOG, PROGRESS_LOG, printable, sandbox_warnings
 
 SUBMITTED = AUTOGRADER / "submitted"
+FEEDBACK = AUTOGRADER / "feedback"
+# A finding that names a time limit: `make autograde` lists these submissions at the end.
+TIME_LIMIT = re.compile(r"execution stopped: (the notebook ran past its time limit|a cell ran longer)")
 
 
 def submitted_chapters() -> list[str]:
-    return sorted({p.name for p in SUBMITTED.glob("*/*") if p.is_dir()})
+    """The course's chapters someone submitted (a folder, or a link grading will refuse)."""
+    names = {chapter.name for student in _student_folders() for chapter in os.scandir(student)
+             if not chapter.is_file(follow_symlinks=False)}
+    unknown = names - set(chapters())
+    if unknown:
+        print(f"WARNING: not chapters of this course, not graded: {printable(', '.join(sorted(unknown)))}")
+    return sorted(names - unknown)
+
+
+def _student_folders() -> list[Path]:
+    return sorted(Path(e.path) for e in os.scandir(SUBMITTED) if e.is_dir(follow_symlinks=False)) \
+        if SUBMITTED.is_dir() else []
+
+
+def _log_lines(name: str) -> list[dict]:
+    path = AUTOGRADER / name
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 class Progress:
@@ -51,16 +81,16 @@ class Progress:
         path = AUTOGRADER / name
         if not path.exists():
             return []
-        with open(path) as log:
+        with open(path, "rb") as log:
             log.seek(self.read_to[name])
             text = log.read()
-        complete = text[:text.rfind("\n") + 1]          # a line being written waits
-        self.read_to[name] += len(complete.encode())
-        return [json.loads(line) for line in complete.splitlines()]
+        complete = text[:text.rfind(b"\n") + 1]          # a line being written waits
+        self.read_to[name] += len(complete)
+        return [json.loads(line) for line in complete.decode().splitlines()]
 
     def update(self) -> None:
         for finding in self._new_lines(INTEGRITY_LOG):
-            print(f"  finding  {finding['student']}: {finding['finding']}", flush=True)
+            print(f"  finding  {printable(str(finding['student']))}: {printable(finding['finding'])}", flush=True)
         graded = len(self._new_lines(PROGRESS_LOG))
         if graded:
             self.done += graded
@@ -74,27 +104,125 @@ def _clock(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
-def autograde(chapter: str, jobs: int) -> None:
+def _graded(chapter: str) -> set[str]:
+    return {line["student"] for line in _log_lines(PROGRESS_LOG) if line["assignment"] == chapter}
+
+
+class Run:
+    """An nbgrader command running in the background, its output kept in a file (printed when
+    it ends) so that the students it could not process can be read from it."""
+
+    def __init__(self, *args: str):
+        self.log = tempfile.TemporaryFile(mode="w+")
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        # nbgrader runs the `alembic` and `jupyter` commands by name: this venv's bin/ first.
+        self.process = subprocess.Popen([sys.executable, "-m", "nbgrader", *args, "--log-level=WARN"],
+                                        cwd=AUTOGRADER, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def finish(self) -> tuple[int, dict[str, str]]:
+        """(exit status, {student: why} for each student nbgrader reported an error for)."""
+        status = self.process.wait()
+        self.log.seek(0)
+        text = self.log.read()
+        self.log.close()
+        sys.stderr.write(text)
+        return status, _failures(text)
+
+
+# nbgrader logs "There was an error processing assignment: <submission folder>", the traceback,
+# and at the end "... for student '<id>'" for each submission it could not process.
+ERROR_START = re.compile(r"There was an error processing assignment: (\S+)")
+
+
+def _failures(log: str) -> dict[str, str]:
+    found = {}
+    parts = ERROR_START.split(log)
+    for folder, text in zip(parts[1::2], parts[2::2]):
+        errors = re.findall(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception)\b.*)$", text, re.M)
+        found[Path(folder).parent.name] = printable(errors[-1][:300]) if errors else "nbgrader reported an error"
+    return found
+
+
+def died(status: int) -> bool:
+    """nbgrader exits 1 when some submissions failed and it went on; anything else is a death."""
+    return status not in (0, 1)
+
+
+def autograde(chapter: str, jobs: int) -> dict[str, str]:
     """nbgrader autograde, with the students split over ``jobs`` processes (each one runs a
-    notebook at a time; the gradebook is SQLite, whose writes are short and wait on a lock)."""
+    notebook at a time; the gradebook is SQLite, whose writes are short and wait on a lock).
+    nbgrader goes on past a submission that fails; a process that dies (a crash, a hard exit)
+    leaves the rest of its students, which are graded again in one process, without the student
+    it died at. Returns {student: why} for those who could not be graded."""
     students = sorted(p.parent.name for p in SUBMITTED.glob(f"*/{chapter}") if p.is_dir())
     groups = [students[i::jobs] for i in range(max(1, min(jobs, len(students))))]
     print(f"grading {chapter}: {len(students)} submissions, {len(groups)} at a time", flush=True)
     progress = Progress(chapter, len(students))
-    running = []
-    for group in groups:
-        others = ",".join(s for s in students if s not in group)
-        running.append(start_nbgrader("autograde", chapter, "--create", "--force",
-                                      f"--CourseDirectory.student_id_exclude={others}"))
-    while any(p.poll() is None for p in running):
+    failed: dict[str, str] = {}
+    while groups:
+        runs = [(group, Run("autograde", chapter, "--create", "--force",
+                            "--CourseDirectory.student_id_exclude=" + ",".join(set(students) - set(group))))
+                for group in groups]
+        while any(run.process.poll() is None for _, run in runs):
+            progress.update()
+            time.sleep(1)
         progress.update()
-        time.sleep(1)
-    progress.update()
-    if any(p.returncode != 0 for p in running):
-        # nbgrader grades every other submission and leaves the broken ones (e.g. a file that
-        # is not a notebook) without scores: they export as zero. The class goes on.
-        print(f"WARNING: some {chapter} submissions could not be graded at all (nbgrader's "
-              "errors above); they score zero. The rest of the class was graded.")
+        left = []
+        for group, run in runs:
+            status, errors = run.finish()
+            failed.update(errors)
+            # nbgrader takes the submissions in the order of their folders' paths
+            rest = sorted(set(group) - _graded(chapter) - set(failed), key=lambda s: s + "/")
+            if rest and died(status):       # it died at the first of the rest; the others wait
+                failed[rest[0]] = f"the grading process died at it (exit status {status})"
+                left += rest[1:]
+        if left:
+            print(f"  {chapter}: grading {len(left)} submission(s) again, whose process died", flush=True)
+        groups = [left] if left else []
+    for student in sorted(set(students) - _graded(chapter) - set(failed)):
+        failed[student] = "nbgrader graded no notebook of it"
+    for student, why in sorted(failed.items()):
+        print(f"  {chapter}: {printable(student)} could not be graded: {why}", flush=True)
+    return failed
+
+
+def feedback(chapter: str, not_graded: dict[str, str]) -> dict[str, str]:
+    """nbgrader's feedback for the chapter. A student whose feedback fails (or who could not be
+    graded) gets a page that says why, with the score; {student: why}."""
+    status, errors = Run("generate_feedback", chapter, "--force").finish()
+    failed = {}
+    with Gradebook("sqlite:///" + str(AUTOGRADER / "gradebook.db")) as gradebook:
+        try:
+            submissions = {s.student_id: s for s in gradebook.assignment_submissions(chapter)}
+        except MissingEntry:
+            submissions = {}
+        for student, submission in sorted(submissions.items()):
+            page = FEEDBACK / student / chapter / f"{chapter}.html"
+            if student in not_graded:
+                why = f"it could not be graded ({not_graded[student]})"
+            elif student in errors:
+                why = f"its feedback could not be generated ({errors[student]})"
+            elif not page.exists() and (SUBMITTED.parent / "autograded" / student / chapter).is_dir():
+                why = f"its feedback could not be generated (nbgrader's exit status {status})"
+            else:
+                continue
+            failed[student] = why
+            print(f"  {chapter}: {printable(student)}: {why}", flush=True)
+            _write_plain_feedback(page, chapter, why, submission.score, submission.max_score,
+                                  intake.recorded(student, chapter))
+    return failed
+
+
+def _write_plain_feedback(page: Path, chapter: str, why: str, score: float, max_score: float,
+                          refused: list[str]) -> None:
+    """A page of text in nbgrader's place, everything in it escaped."""
+    page.parent.mkdir(parents=True, exist_ok=True)
+    text = html.escape(f"Your submission of {chapter} scores {score:g} / {max_score:g}: {why}. "
+                       "Your instructor has been told.")
+    notes = "".join(f"<li>{html.escape(printable(line))}</li>" for line in refused)
+    page.write_text(f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(chapter)}"
+                    f"</title></head>\n<body><h1>{html.escape(chapter)}</h1>\n<p>{text}</p>"
+                    + (f"<ul>{notes}</ul>" if notes else "") + "</body></html>\n")
 
 
 def threads_per_kernel(jobs: int) -> int:
@@ -102,6 +230,20 @@ def threads_per_kernel(jobs: int) -> int:
     default, a thread per core in every kernel, oversubscribes them, and OpenMP's waiting threads
     then slow every step several-fold. An OMP_NUM_THREADS already set is kept."""
     return max(1, (os.cpu_count() or 1) // max(1, jobs))
+
+
+def _log_finding(student: str, chapter: str, finding: str) -> None:
+    with open(AUTOGRADER / INTEGRITY_LOG, "a") as log:
+        log.write(json.dumps({"student": student, "assignment": chapter, "notebook": chapter,
+                              "finding": finding}) + "\n")
+
+
+def check_submissions(chapter: str) -> None:
+    """intake's look at each submission of ``chapter`` before nbgrader reads any of it."""
+    for student in _student_folders():
+        folder = student / chapter
+        if os.path.lexists(folder):      # what it refuses is a finding once the notebook is graded
+            intake.check_submission(folder, student.name, chapter)
 
 
 def main() -> None:
@@ -113,37 +255,66 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.pop("GPULAB_ANSWER_KEYS", None)  # keys never reach a learner's kernel
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_kernel(args.jobs)))
-    chapters = submitted_chapters()
-    if not chapters:
-        raise SystemExit(f"nothing to grade: no folders like {SUBMITTED}/<student>/<chapter>/")
     integrity = AUTOGRADER / INTEGRITY_LOG
     if not args.feedback_only:
         for warning in sandbox_warnings():  # fails now, with the install command, if bwrap is missing
             print(f"WARNING: {warning}")
         integrity.unlink(missing_ok=True)
         (AUTOGRADER / PROGRESS_LOG).unlink(missing_ok=True)
-        if course_seed():
-            print("per-student numbers: on (the course seed in nbgrader_config.py); each submission "
-                  "is judged against the key for its student's numbers")
-    for chapter in chapters:
+        for student, message in intake.check_students(SUBMITTED):
+            print(f"  refused  {printable(student)}: {printable(message)}")
+            _log_finding(student, "*", message)
+    chapters_submitted = submitted_chapters()
+    if not chapters_submitted:
+        raise SystemExit(f"nothing to grade: no folders like {SUBMITTED}/<student>/<chapter>/")
+    if not args.feedback_only and course_seed():
+        print("per-student numbers: on (the course seed in nbgrader_config.py); each submission "
+              "is judged against the key for its student's numbers")
+    problems: dict[str, dict[str, str]] = {}
+    for chapter in chapters_submitted:
+        not_graded = {}
         if not args.feedback_only:
-            # (Re)generating the graded release records the chapter's source cells, hidden tests
-            # included, in the gradebook: autograde restores test cells from there.
-            release(chapter, "autograder/graded_release", self_checks=False)
-            autograde(chapter, args.jobs)
-        nbgrader("generate_feedback", chapter, "--force")
-    nbgrader("export", "--to", str(AUTOGRADER / "grades.csv"))
+            try:
+                # (Re)generating the graded release records the chapter's source cells, hidden
+                # tests included, in the gradebook: autograde restores test cells from there.
+                release(chapter, "autograder/graded_release", self_checks=False)
+            except subprocess.CalledProcessError as error:
+                print(f"ERROR: {chapter}: its release failed ({error}); the chapter is not graded")
+                continue
+            check_submissions(chapter)
+            not_graded = autograde(chapter, args.jobs)
+        problems[chapter] = feedback(chapter, not_graded)
+    try:
+        nbgrader("export", "--to", str(AUTOGRADER / "grades.csv"))
+    except subprocess.CalledProcessError as error:
+        print(f"ERROR: the grades CSV could not be written ({error})")
+    summary(chapters_submitted, problems)
+
+
+def summary(chapters_graded: list[str], problems: dict[str, dict[str, str]]) -> None:
     with Gradebook("sqlite:///" + str(AUTOGRADER / "gradebook.db")) as gradebook:
-        for chapter in chapters:
-            for submission in gradebook.assignment_submissions(chapter):
-                print(f"{chapter}  {submission.student_id:<20} "
+        for chapter in chapters_graded:
+            try:
+                submissions = gradebook.assignment_submissions(chapter)
+            except MissingEntry:
+                continue
+            for submission in submissions:
+                print(f"{chapter}  {printable(submission.student_id):<20} "
                       f"{submission.score:g} / {submission.max_score:g}"
                       + ("  (needs manual grading)" if submission.needs_manual_grade else ""))
-    if integrity.exists():
-        findings = [json.loads(line) for line in integrity.read_text().splitlines()]
+    findings = _log_lines(INTEGRITY_LOG)
+    if findings:
         print(f"{len(findings)} integrity finding(s), also at the top of each student's feedback:")
         for f in findings:
-            print(f"  {f['assignment']}  {f['student']}: {f['finding']}")
+            print(f"  {f['assignment']}  {printable(str(f['student']))}: {printable(f['finding'])}")
+    timed_out = [f for f in findings if TIME_LIMIT.search(f["finding"])]
+    if timed_out:
+        print(f"{len(timed_out)} submission(s) stopped at a time limit (the cells that ran are graded):")
+        for f in timed_out:
+            print(f"  {f['assignment']}  {printable(str(f['student']))}: {printable(f['finding'])}")
+    for chapter, failed in problems.items():
+        for student, why in failed.items():
+            print(f"NOT GRADED IN FULL: {chapter}  {printable(student)}: {why}")
     print(f"grades: {(AUTOGRADER / 'grades.csv').relative_to(AUTOGRADER.parent)}; "
           f"feedback: autograder/feedback/")
 

@@ -32,25 +32,40 @@ c.CourseDirectory.db_url = "sqlite:///" + os.path.join(here, "gradebook.db")
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# A chapter runs in well under 2 minutes on a 2-core CPU; these bound a stuck submission.
+# Time per student (README, "Time per student fits a class"). Each chapter's solution runs in
+# well under 2 minutes on a 2-core CPU (one at a time, one thread, on a busy machine: 10 s for
+# chapter 08 to 154 s for chapter 05). A notebook gets 300 s in all, about twice the slowest, and
+# a cell 120 s: a submission that waits out its limit holds a grading job for 5 minutes, not 15.
 c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
+c.ExecuteSandboxed.notebook_timeout = 300
 
-# Grading that holds (autograder/secure_grading.py): graded cells normalised before anything
-# runs; each notebook executed in a bubblewrap sandbox that hides the course folder; answers
-# judged against the key here, outside the learner's kernel; outputs capped.
+# Grading that holds (autograder/secure_grading.py): before nbgrader copies anything, each
+# submission folder holds only regular files within the size limits (intake.py; nbgrader's own
+# limits, in kB, which `collect` applies as well); graded cells normalised and the HTML a student
+# wrote made inert before anything runs (graded_html.py); each notebook executed in a bubblewrap
+# sandbox that hides the course folder (sandbox.py); answers judged against the key here, outside
+# the learner's kernel; outputs capped as they arrive.
 sys.path.insert(0, here)
 from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
 from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput,  # noqa: E402
                                     DeduplicateIds, IgnorePattern, LimitOutput,
                                     OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
+from graded_html import SanitizeMarkdown, SanitizeOutputs  # noqa: E402
+from intake import CheckedCollector, CheckedExchangeCollect, CheckedExtractor, pre_convert_hook  # noqa: E402
 from secure_grading import ExecuteSandboxed, GradeRecordedAnswers, NormalizeCells  # noqa: E402
 
-c.Autograde.sanitize_preprocessors = [NormalizeCells, ClearOutput, DeduplicateIds,
+c.CourseDirectory.max_file_size = 20_000                # kB per file of a submission
+c.CourseDirectory.max_dir_size = 50_000                 # kB per submission folder
+c.Autograde.pre_convert_hook = pre_convert_hook
+c.ExchangeFactory.collect = CheckedExchangeCollect
+c.ZipCollectApp.extractor_plugin = CheckedExtractor
+c.ZipCollectApp.collector_plugin = CheckedCollector
+c.Autograde.sanitize_preprocessors = [SanitizeMarkdown, NormalizeCells, ClearOutput, DeduplicateIds,
                                       OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
-c.Autograde.autograde_preprocessors = [ExecuteSandboxed, GradeRecordedAnswers, IgnorePattern,
-                                       ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
-                                       AssignLatePenalties, CheckCellMetadata]
+c.Autograde.autograde_preprocessors = [ExecuteSandboxed, SanitizeOutputs, GradeRecordedAnswers,
+                                       IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+                                       SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
 
 # What one submission may use (README, "Grading on a shared server"). Over a limit its kernel is
 # stopped; it scores what ran, and its feedback says which limit it reached. Memory and
@@ -66,4 +81,3 @@ c.GradeRecordedAnswers.keys_dir = os.path.join(here, "keys")
 # e.g. "fall-2026-k7x2", turns them on for `make release GRADED=1` and `make autograde` alike.
 # Keep it for the whole course: grading draws each student's numbers from it again.
 c.GradeRecordedAnswers.course_seed = ""
-c.ExecuteSandboxed.notebook_timeout = 900

@@ -11,7 +11,8 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ("nbgrader_config.py", "release.py", "grade.py", "secure_grading.py")
+SCRIPTS = ("nbgrader_config.py", "release.py", "grade.py", "secure_grading.py", "sandbox.py",
+           "intake.py", "graded_html.py")
 
 
 def copy_course(dest: Path) -> Path:
