@@ -5,9 +5,17 @@ Each student's notebook attacks the grading in one way, as a student who wants t
 without the answers would (issue 9, after Kratzke, CSEDU 2019). Each attack must score zero on
 what it attacked, or be flagged; honest students in the same batch must be graded right; the
 gradebook may hold only the expected rows; and no process may outlive grading.
+
+Issue 25 adds what a student puts beside and inside the notebook (tests/hostile_submissions.py):
+links and special files, collect's and zip_collect's input, script for the instructor's browser
+(opened in Chromium, in JupyterLab's Formgrader and as feedback files), floods, a submission that
+waits out the time limit, and one student's grading or feedback failing; all in the same batch,
+with a second chapter graded first.
 """
+import html
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -26,7 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "autograder"))
 from scratch_course import copy_course  # noqa: E402
 
-CHAPTER = "99_probe"
+import hostile_submissions as hostile  # noqa: E402
+from graded_html import rendered_markdown, unsafe_html, unsafe_markdown, unsafe_svg  # noqa: E402
+from hostile_submissions import CHAPTER, SECOND, answered  # noqa: E402
+from test_browser import chromium  # noqa: E402,F401 (the browser tests' fixture, for the Formgrader's cases)
 MARKER = "gpulab-adversarial-marker"          # in the command line of any process a student starts
 RIGHT = {"a": 2048, "b": 0.25}
 
@@ -53,6 +64,9 @@ def source_notebook() -> nbformat.NotebookNode:
         cells.append(nbformat.v4.new_code_cell(
             f'check("99-{name}", {name})', id=f"test-99-{name}",
             metadata=meta(f"test-99-{name}", grade=True, locked=True, points=1)))
+    cells.append(nbformat.v4.new_markdown_cell(   # a written answer, graded in the Formgrader
+        "Why?\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION", id="answer-99-text",
+        metadata=meta("answer-99-text", solution=True, grade=True, points=1)))
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
                                   "name": "python3"}, "language_info": {"name": "python"}}
@@ -61,15 +75,6 @@ def source_notebook() -> nbformat.NotebookNode:
 
 # ------------------------------------------------------------------------------------------
 # The submissions: a function of the release notebook, and what each must score.
-
-def answered(nb, a="2048", b="0.25", before_a="", before_b=""):
-    for cell in nb.cells:
-        if cell.id == "answer-99-a":
-            cell.source = f"{before_a}\na = {a}"
-        if cell.id == "answer-99-b":
-            cell.source = f"{before_b}\nb = {b}"
-    return nb
-
 
 def cell(nb, grade_id):
     return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
@@ -293,7 +298,7 @@ ATTACKS = {
     "swallow_interrupt": (lambda nb: answered(nb, before_b=(
         "import time\nwhile True:\n    try:\n        time.sleep(0.1)\n    except BaseException:\n        pass")),
         (1, 0), "ran longer than"),
-    "huge_text": (lambda nb: answered(nb, before_a="for i in range(300_000):\n    print(i)"), (1, 1), None),
+    "huge_text": (lambda nb: answered(nb, before_a="for i in range(100_000):\n    print(i)"), (1, 1), None),
     "huge_image": (lambda nb: answered(nb, before_a=(
         "import base64, os\nfrom IPython.display import display\n"
         "display({'image/png': base64.b64encode(os.urandom(20 * 2**20)).decode()}, raw=True)")),
@@ -365,7 +370,8 @@ def machine(tmp_path_factory):
         [str(Path(sys.executable).parent / "jupyter"), "lab", f"--ServerApp.root_dir={course}",
          "--LabApp.default_url=/lab/tree/notebooks", "--no-browser", f"--ServerApp.port={port}",
          "--ServerApp.port_retries=0", *(["--allow-root"] if os.getuid() == 0 else [])],
-        env={**os.environ, "JUPYTER_CONFIG_PATH": str(course / "autograder")},
+        env={**os.environ, "JUPYTER_CONFIG_PATH": str(course / "autograder"),   # as `make lab` starts it
+             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
         stdout=server_log, stderr=subprocess.STDOUT)
     (course / "tmp").mkdir()            # grading's TMPDIR: the kernels' socket folders go there
     try:
@@ -393,19 +399,53 @@ def jupyter_token(machine) -> str:
     raise AssertionError("JupyterLab did not write its runtime file within 60 s")
 
 
+# Every student of chapter 99 and what each must score: the kernel attacks above, issue 25's
+# notebooks and folders, and the submissions that arrive through collect and zip_collect.
+CASES = {**ATTACKS, **hostile.NOTEBOOK_ATTACKS, **hostile.FILE_ATTACKS,
+         hostile.COLLECTED: (answered, (1, 1), "refused 'key.py': a symbolic link"),
+         hostile.ZIPPED: (answered, (1, 1), "refused 'extra.ipynb': a symbolic link")}
+NOT_GRADED = {"not_a_notebook": "not a notebook", "grader_dies": "nbgrader stopped"}
+HONEST = ("honest", "honest_with_files", "feedback_fails")   # no finding for them
+
+
+class MemoryWatch(threading.Thread):
+    """The highest peak resident memory (VmHWM) of any nbgrader autograde process running in
+    ``folder``, sampled five times a second: the grading process, outside every sandbox."""
+
+    def __init__(self, folder: Path):
+        super().__init__(daemon=True)
+        self.folder, self.peak_bytes, self.stopped = str(folder), 0, threading.Event()
+
+    def run(self):
+        while not self.stopped.wait(0.2):
+            for pid, cmd in _processes().items():
+                if "nbgrader autograde" not in cmd:
+                    continue
+                try:
+                    if os.readlink(f"/proc/{pid}/cwd") != self.folder:
+                        continue
+                    status = Path(f"/proc/{pid}/status").read_text()
+                except OSError:
+                    continue
+                kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")))
+                self.peak_bytes = max(self.peak_bytes, kb * 1024)
+
+
 @pytest.fixture(scope="module")
 def graded(machine):
-    """The probe chapter released and every submission graded in one `grade.py` run."""
+    """The probe chapters released and every submission graded in one `grade.py` run."""
     course = machine["course"]
-    (course / "solutions" / CHAPTER).mkdir()
-    nbformat.write(source_notebook(), course / "solutions" / CHAPTER / f"{CHAPTER}.ipynb")
-    (course / "autograder" / "keys" / f"{CHAPTER}.py").write_text(KEY)
+    for chapter in (CHAPTER, SECOND):
+        (course / "solutions" / chapter).mkdir()
+        nbformat.write(source_notebook(), course / "solutions" / chapter / f"{chapter}.ipynb")
+        (course / "autograder" / "keys" / f"{chapter}.py").write_text(KEY)
     with open(course / "autograder" / "nbgrader_config.py", "a") as config:
-        config.write("\nc.Execute.timeout = 20\nc.ExecuteSandboxed.notebook_timeout = 60\n"
+        config.write("\nc.Execute.timeout = 20\n"
+                     f"c.ExecuteSandboxed.notebook_timeout = {hostile.NOTEBOOK_SECONDS}\n"
                      f"c.SandboxedKernelManager.memory_limit = {MEMORY_MIB} * 2**20\n"
                      f"c.SandboxedKernelManager.process_limit = {PROCESSES}\n"
-                     f"c.SandboxedKernelManager.disk_limit = {DISK_MIB} * 2**20\n")
-    run(course, "release.py", CHAPTER)
+                     f"c.SandboxedKernelManager.disk_limit = {DISK_MIB} * 2**20\n" + hostile.CONFIG)
+    run(course, "release.py", CHAPTER, SECOND)
     token = jupyter_token(machine)
     # The server is really there and really answers with its token: the attack can fail only
     # because of the sandbox.
@@ -418,22 +458,52 @@ def graded(machine):
             "@ABSTRACT@": ports[socket.AF_UNIX][1:].decode() if isinstance(ports[socket.AF_UNIX], bytes)
             else ports[socket.AF_UNIX][1:], "@DISK_MIB@": str(DISK_MIB)}
     release = course / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
-    broken = course / "autograder" / "submitted" / "not_a_notebook" / CHAPTER
+    submitted = course / "autograder" / "submitted"
+    broken = submitted / "not_a_notebook" / CHAPTER
     broken.mkdir(parents=True)
     (broken / f"{CHAPTER}.ipynb").write_text("this is not a notebook {")
-    for student, (make, _, _) in ATTACKS.items():
-        folder = course / "autograder" / "submitted" / student / CHAPTER
+    for student, (make, _, _) in {**ATTACKS, **hostile.NOTEBOOK_ATTACKS, "grader_dies": (answered, 0, 0)}.items():
+        folder = submitted / student / CHAPTER
         folder.mkdir(parents=True)
         nb = make(nbformat.read(release, as_version=4))
         text = nbformat.writes(nb).replace("{root}", str(course))
         for placeholder, value in fill.items():
             text = text.replace(placeholder, value)
         (folder / f"{CHAPTER}.ipynb").write_text(text)
+    hostile.with_files(submitted / "honest_with_files" / CHAPTER, course, release)
+    for student, (prepare, _, _) in hostile.FILE_ATTACKS.items():
+        (submitted / student / CHAPTER).mkdir(parents=True)
+        prepare(submitted / student / CHAPTER, course, release)
+    (submitted / hostile.STUDENT_FOLDER_LINK).symlink_to("honest")
+    (submitted / "early_breaker" / SECOND).mkdir(parents=True)     # a missing attachment, in 98
+    nbformat.write(hostile.attachments(nbformat.read(release, as_version=4)),
+                   submitted / "early_breaker" / SECOND / f"{SECOND}.ipynb")
+    # collect's and zip_collect's input, collected as an instructor would
+    exchange = machine["tmp"].parent / "exchange"
+    hostile.exchange_submission(exchange, "gpu-training-lab", release, course)
+    hostile.lms_download(course, release)
+    collect = nbgrader_command(course, "collect", CHAPTER, f"--Exchange.root={exchange}")
+    zip_collect = nbgrader_command(course, "zip_collect", CHAPTER,
+                                   f"--FileNameCollectorPlugin.named_regexp={hostile.ZIP_REGEXP}")
     before = set(_processes())
+    memory = MemoryWatch(course / "autograder")
+    memory.start()
     start = time.perf_counter()
     result = run(course, "grade.py", TMPDIR=str(machine["tmp"]))
-    print(f"grade.py: {time.perf_counter() - start:.1f} s for {len(ATTACKS) + 1} submissions")
-    return course, result.stdout, before
+    memory.stopped.set()
+    print(f"grade.py: {time.perf_counter() - start:.1f} s for {len(CASES) + 3} submissions; "
+          f"grading's peak memory {memory.peak_bytes / 2**20:.0f} MiB")
+    return course, result.stdout, before, {"collect": collect, "zip_collect": zip_collect,
+                                           "peak_bytes": memory.peak_bytes}
+
+
+def nbgrader_command(course, *args) -> str:
+    """An nbgrader command in the course, as an instructor runs it (cd autograder); its output."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course / "autograder", env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout + result.stderr
 
 
 def run(course, script, *args, **env_vars):
@@ -461,11 +531,12 @@ def autograded(course, student) -> nbformat.NotebookNode:
 
 
 def verdicts(course, student) -> str:
-    """What grading wrote: the test cells' outputs and the grading notes, not the learner's code."""
+    """What grading wrote, as the reader sees it: the test cells' outputs and the grading notes
+    (rendered: they are escaped Markdown), not the learner's code."""
     texts = []
     for c in autograded(course, student).cells:
         if c.cell_type == "markdown" and c.source.startswith("**Grading notes**"):
-            texts.append(c.source)
+            texts.append(html.unescape(re.sub(r"<[^>]+>", "", rendered_markdown(c.source))))
         if c.metadata.get("nbgrader", {}).get("grade_id", "").startswith("test-"):
             texts += [o.get("text") or o.get("evalue", "") for o in c.outputs]
     return "\n".join(texts)
@@ -475,22 +546,22 @@ def test_there_are_at_least_29_attacks():
     assert len([name for name in ATTACKS if name not in ("honest", "blank", "wrong")]) >= 29
 
 
-@pytest.mark.parametrize("student", list(ATTACKS))
+@pytest.mark.parametrize("student", list(CASES))
 def test_each_submission_scores_what_it_earned(graded, student):
-    course, _, _ = graded
-    _, (score_a, score_b), says = ATTACKS[student]
+    course, _, _, _ = graded
+    _, (score_a, score_b), says = CASES[student]
     with Gradebook(f"sqlite:///{course / 'autograder' / 'gradebook.db'}") as gradebook:
         got = tuple(gradebook.find_grade(f"test-99-{name}", CHAPTER, CHAPTER, student).score
                     for name in RIGHT)
         submission = gradebook.find_submission(CHAPTER, student)
-        assert submission.max_score == 2, "forged points must not change the maximum"
+        assert submission.max_score == 3, "forged points must not change the maximum"
     assert got == (score_a, score_b), f"{student}: scored {got}"
     if says:
         assert says in verdicts(course, student), f"{student}: the feedback should say {says!r}"
 
 
 def test_feedback_never_shows_the_answer_or_the_checker(graded):
-    course, _, _ = graded
+    course, _, _, _ = graded
     feedback = course / "autograder" / "feedback" / "wrong" / CHAPTER / f"{CHAPTER}.html"
     text = feedback.read_text()
     assert "2049 is not an fp16 number" in text
@@ -499,14 +570,14 @@ def test_feedback_never_shows_the_answer_or_the_checker(graded):
 
 
 def test_outputs_are_capped(graded):
-    course, _, _ = graded
+    course, _, _, _ = graded
     for student in ("huge_text", "huge_image"):
         path = course / "autograder" / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb"
         assert path.stat().st_size < 2 * 2**20, f"{student}: {path.stat().st_size:,} bytes kept"
 
 
 def test_nothing_was_read_or_written_outside_the_working_copy(graded):
-    course, _, _ = graded
+    course, _, _, _ = graded
     assert not (course / "WRITTEN_BY_STUDENT").exists()
     assert not (ROOT / "WRITTEN_BY_STUDENT").exists()
     assert "student was here" not in (course / "autograder" / "keys" / f"{CHAPTER}.py").read_text()
@@ -515,13 +586,13 @@ def test_nothing_was_read_or_written_outside_the_working_copy(graded):
 
 
 def test_the_instructors_jupyter_server_was_not_reached(graded, machine):
-    course, _, _ = graded
+    course, _, _, _ = graded
     assert not (course / "WRITTEN_VIA_SERVER").exists()
     assert "server: URLError" in outputs(course, "uses_jupyter_server")     # it did try
 
 
 def test_no_connection_reached_the_machine(graded, machine):
-    course, _, _ = graded
+    course, _, _, _ = graded
     assert len(machine["listeners"]) >= 2
     for listener in machine["listeners"]:
         assert listener.connections == [], f"{listener.address} was reached"
@@ -529,7 +600,7 @@ def test_no_connection_reached_the_machine(graded, machine):
 
 
 def test_nothing_of_the_home_folder_reaches_grading(graded, machine):
-    course, _, _ = graded
+    course, _, _, _ = graded
     secret = machine["secret"].read_text()
     for folder in ("autograded", "feedback"):
         for path in (course / "autograder" / folder).rglob("*"):
@@ -538,7 +609,7 @@ def test_nothing_of_the_home_folder_reaches_grading(graded, machine):
 
 
 def test_limits_stop_the_submission_not_the_batch(graded):
-    course, stdout, _ = graded
+    course, stdout, _, _ = graded
     for student in ("memory_hog", "process_hog", "writes_socket_folder"):
         assert f"{student}: execution stopped: the submission" in stdout, student   # said at once
     disk_hog = outputs(course, "disk_hog")
@@ -546,16 +617,16 @@ def test_limits_stop_the_submission_not_the_batch(graded):
 
 
 def test_what_a_submission_writes_stays_in_its_sandbox(graded, machine):
-    course, _, _ = graded
+    course, _, _, _ = graded
     assert not list(course.rglob("fill*")), "a submission's files reached the course folder"
     assert not list(machine["tmp"].iterdir()), "a kernel's socket folder was left behind"
 
 
 def test_progress_is_printed_while_grading(graded):
-    _, stdout, _ = graded
+    _, stdout, _, _ = graded
     lines = stdout.splitlines()
-    counts = [int(line.split("/")[0].split()[-1]) for line in lines if " graded, " in line]
-    assert counts == sorted(counts) and counts[-1] == len(ATTACKS), counts   # the broken file is not
+    counts = [int(line.split("/")[0].split()[-1]) for line in lines if f"{CHAPTER}: " in line and " graded, " in line]
+    assert counts == sorted(counts) and counts[-1] == len(CASES), counts   # not the two not graded
     assert "elapsed, about" in stdout
     last_progress = max(i for i, line in enumerate(lines) if " graded, " in line)
     first_finding = min(i for i, line in enumerate(lines) if line.startswith("  finding  "))
@@ -596,49 +667,290 @@ def outputs(course, student) -> str:
 
 
 def test_a_file_that_is_not_a_notebook_scores_zero_and_the_class_goes_on(graded):
-    course, stdout, _ = graded
+    course, stdout, _, _ = graded
     assert "could not be graded" in stdout
     row = next(r for r in (course / "autograder" / "grades.csv").read_text().splitlines()
                if ",not_a_notebook," in r)
-    assert row.split(",")[-2:] == ["0.0", "2.0"], row          # score, max_score
+    assert row.split(",")[-2:] == ["0.0", "3.0"], row          # score, max_score
 
 
 def test_the_gradebook_holds_only_the_expected_rows(graded):
-    course, _, _ = graded
+    course, _, _, _ = graded
     with Gradebook(f"sqlite:///{course / 'autograder' / 'gradebook.db'}") as gradebook:
-        assert sorted(s.id for s in gradebook.students) == sorted([*ATTACKS, "not_a_notebook"])
-        assert [a.name for a in gradebook.assignments] == [CHAPTER]
+        assert sorted(s.id for s in gradebook.students) == sorted([*CASES, *NOT_GRADED, "early_breaker"])
+        assert sorted(a.name for a in gradebook.assignments) == [SECOND, CHAPTER]
 
 
 def test_findings_are_flagged_for_the_instructor(graded):
-    course, stdout, _ = graded
+    course, stdout, _, _ = graded
     log = [json.loads(line) for line in (course / "autograder" / "integrity.jsonl").read_text().splitlines()]
     flagged = {entry["student"] for entry in log}
     assert {"deleted_test", "duplicated_test", "retyped_test", "forged_metadata"} <= flagged
-    assert "honest" not in flagged
+    assert not flagged & set(HONEST), flagged & set(HONEST)
     assert "integrity finding" in stdout
 
 
 def test_no_process_outlives_grading(graded):
-    course, _, before = graded
+    course, _, before, _ = graded
     leftovers = {pid: cmd for pid, cmd in _processes().items()
                  if pid not in before and (MARKER in cmd or str(course) in cmd)}
     assert not leftovers, leftovers
 
 
 def test_the_grades_csv_has_a_row_per_student(graded):
-    course, _, _ = graded
+    course, _, _, _ = graded
     rows = (course / "autograder" / "grades.csv").read_text().splitlines()[1:]
-    assert len(rows) == len(ATTACKS) + 1       # and the broken file's row
+    students = len(CASES) + len(NOT_GRADED) + 1        # the ones not graded score zero; early_breaker
+    for chapter in (CHAPTER, SECOND):                   # nbgrader writes every student, every chapter
+        assert len([row for row in rows if row.startswith(f"{chapter},")]) == students, chapter
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 25: what a student puts beside and inside the notebook
+
+def feedback_text(course, student, chapter=CHAPTER) -> str:
+    page = course / "autograder" / "feedback" / student / chapter / f"{chapter}.html"
+    return html.unescape(re.sub(r"<[^>]+>", " ", page.read_text()))
+
+
+def findings_of(course, student) -> list[str]:
+    log = (course / "autograder" / "integrity.jsonl").read_text().splitlines()
+    return [entry["finding"] for entry in map(json.loads, log) if entry["student"] == student]
+
+
+REFUSED_BESIDE = ["key.py", "key2.py", "sub/dir/key3.py", "zero", "hard.py", "fifo", "sock",
+                  hostile.HTML_NAME, "timestamp.txt", *(["device"] if os.getuid() == 0 else [])]
+
+
+def test_only_regular_files_enter_grading(graded):
+    """Links (absolute, relative, nested, to /dev/zero), a FIFO, a socket, a device, a hard link
+    to the key and a timestamp nbgrader cannot read: each refused before nbgrader copied
+    anything, kept aside for the instructor, named in the feedback and in integrity.jsonl."""
+    course, stdout, _, _ = graded
+    student = "links_beside"
+    copy = course / "autograder" / "autograded" / student / CHAPTER
+    assert sorted(p.name for p in copy.iterdir()) == [f"{CHAPTER}.ipynb"]
+    shown, logged = feedback_text(course, student), "\n".join(findings_of(course, student))
+    for name in REFUSED_BESIDE:
+        assert f"refused {name!r}" in shown and f"refused {name!r}" in logged, name
+        assert os.path.lexists(course / "autograder" / "refused" / student / CHAPTER / name), name
+        assert not os.path.lexists(course / "autograder" / "submitted" / student / CHAPTER / name), name
+    assert "hard link to a file outside" in logged and "named pipe" in logged and "socket" in logged
+    assert f"finding  {student}: refused 'key.py'" in stdout
+    for folder in ("autograded", "feedback"):       # the key never reached the student's copy
+        for path in (course / "autograder" / folder / student).rglob("*"):
+            assert not path.is_file() or "Mistake(2049" not in path.read_text(errors="ignore"), path
+
+
+def test_a_notebook_or_folder_that_is_a_link_is_graded_as_the_blank_release(graded):
+    course, stdout, _, _ = graded
+    for student in ("notebook_to_solution", "notebook_to_classmate", "folder_to_classmate"):
+        text = feedback_text(course, student)
+        assert "the blank release was graded in its place" in text, student
+        assert "Because." not in text and "a = 2048" not in text, student   # not the solution's
+        assert any("refused" in f for f in findings_of(course, student)), student
+
+
+def test_a_student_folder_that_is_a_link_is_refused(graded):
+    course, stdout, _, _ = graded
+    assert f"refused  {hostile.STUDENT_FOLDER_LINK}: refused '{hostile.STUDENT_FOLDER_LINK}/'" in stdout
+    assert findings_of(course, hostile.STUDENT_FOLDER_LINK)
+    with Gradebook(f"sqlite:///{course / 'autograder' / 'gradebook.db'}") as gradebook:
+        assert hostile.STUDENT_FOLDER_LINK not in {s.id for s in gradebook.students}
+
+
+def test_collect_and_zip_collect_copy_only_regular_files(graded):
+    course, _, _, commands = graded
+    submitted = course / "autograder" / "submitted"
+    assert sorted(p.name for p in (submitted / hostile.COLLECTED / CHAPTER).iterdir()) == [
+        f"{CHAPTER}.ipynb", "timestamp.txt"]
+    assert not (submitted / hostile.ZIPPED / CHAPTER / "extra.ipynb").exists()
+    assert "Skipped archive" in commands["zip_collect"] and "over" in commands["zip_collect"]
+    extracted = course / "downloaded" / CHAPTER / "extracted"
+    assert not [p for p in extracted.rglob("*") if "bomb" in p.name and p.is_file()], "the bomb was unpacked"
+    text = feedback_text(course, hostile.COLLECTED)
+    assert "refused 'key.py'" in text and "refused 'fifo'" in text
+    assert "refused 'extra.ipynb'" in feedback_text(course, hostile.ZIPPED)
+
+
+def test_files_over_the_size_limits_are_refused_with_a_message(graded):
+    course, _, _, _ = graded
+    logged = "\n".join(findings_of(course, "oversize"))
+    assert "refused 'big.bin'" in logged and "per file" in logged
+    assert "over its limit of 2.0 MB" in logged              # the folder's limit
+    kept = [p.name for p in (course / "autograder" / "autograded" / "oversize" / CHAPTER).iterdir()]
+    assert "big.bin" not in kept and 1 <= sum(name.startswith("part") for name in kept) <= 2, kept
+
+
+def test_honest_students_keep_full_marks_and_their_files(graded):
+    course, _, _, _ = graded
+    copy = course / "autograder" / "autograded" / "honest_with_files" / CHAPTER
+    assert (copy / "data.csv").read_text() == "a,b\n1,2\n" and (copy / "sub" / "notes.txt").exists()
+    for student in HONEST:
+        assert not findings_of(course, student), student
+
+
+def test_graded_copies_hold_nothing_that_runs(graded):
+    """What the Formgrader and the feedback render is the graded copy: every markdown and raw
+    cell, and every output, passes the checks; JavaScript outputs are gone; each removal is a
+    finding. The written answer is still there for the instructor to read, as text."""
+    course, _, _, _ = graded
+    for student in ("html_in_cells", "html_in_outputs", "attachments", "links_beside"):
+        for c in autograded(course, student).cells:
+            if c.cell_type == "markdown":
+                assert not unsafe_markdown(c.source, c.get("attachments")), (student, c.source[:200])
+            if c.cell_type == "raw":
+                assert not unsafe_html(c.source), (student, c.source[:200])
+            for output in c.get("outputs", []):
+                data = output.get("data", {})
+                assert "application/javascript" not in data, student
+                assert not unsafe_html(data.get("text/html", "")), (student, data)
+                assert not unsafe_svg(data.get("image/svg+xml", "")), (student, data)
+    logged = "\n".join(findings_of(course, "html_in_outputs"))
+    for mime in ("JavaScript", "text/html", "image/svg+xml", "text/markdown"):
+        assert mime in logged, mime
+    kept = outputs(course, "html_in_outputs") + json.dumps([o for c in autograded(course, "html_in_outputs").cells
+                                                             for o in c.get("outputs", [])])
+    assert "kept: plain HTML" in kept
+    written = next(c for c in autograded(course, "html_in_cells").cells if c.get("id") == "answer-99-text")
+    assert "My answer." in written.source and written.metadata["nbgrader"]["grade"]
+    assert "removed grading metadata from an unknown cell" in "\n".join(findings_of(course, "html_in_cells"))
+
+
+def test_grading_notes_show_student_strings_as_text(graded):
+    """The notes quote ids and file names a student chose: in the feedback they are text."""
+    course, _, _, _ = graded
+    page = (course / "autograder" / "feedback" / "links_beside" / CHAPTER / f"{CHAPTER}.html").read_text()
+    assert hostile.HTML_NAME not in page and html.escape(hostile.HTML_NAME, quote=False) in page
+    page = (course / "autograder" / "feedback" / "html_in_outputs" / CHAPTER / f"{CHAPTER}.html").read_text()
+    assert "<img src=x onerror" not in page and "\x1b" not in page
+    assert "&lt;img src=x onerror" in page                 # the forged record's message, as text
+
+
+def test_attachments_are_capped_and_a_missing_one_stops_nothing(graded):
+    course, _, _, _ = graded
+    logged = "\n".join(findings_of(course, "attachments"))
+    assert "attachment 'logo.png'" in logged and "not an image" in logged
+    assert logged.count("over the limits") == 1, logged       # the third big one, per notebook
+    for student in ("attachments", "early_breaker"):
+        chapter = SECOND if student == "early_breaker" else CHAPTER
+        assert "Grading notes" in feedback_text(course, student, chapter)
+
+
+def test_one_submission_never_stops_the_batch(graded):
+    """Chapter 98 (graded first) has a notebook nbconvert used to stop at; grading dies for one
+    student and feedback fails for another: every other student is graded, in both chapters,
+    each of the two gets a page saying so, and make autograde's output names them."""
+    course, stdout, _, _ = graded
+    with Gradebook(f"sqlite:///{course / 'autograder' / 'gradebook.db'}") as gradebook:
+        assert gradebook.find_submission(SECOND, "early_breaker").score == 2
+        assert gradebook.find_submission(CHAPTER, "feedback_fails").score == 2
+    for student, says in (("feedback_fails", "could not be generated (RuntimeError: a failure the test made)"),
+                          ("grader_dies", "could not be graded"), ("not_a_notebook", "could not be graded")):
+        assert says in feedback_text(course, student), student
+        assert f"NOT GRADED IN FULL: {CHAPTER}  {student}" in stdout, student
+    assert "scores 2 / 3" in feedback_text(course, "feedback_fails")
+
+
+def test_outputs_are_capped_as_they_arrive(graded):
+    """300 outputs of 90,000 characters (each under the cap per output) and a 120 MB message:
+    the graded copy stays small, and the grading process never held either (its peak memory
+    stays far below what the flood would take: the message alone is 120 MB three times over,
+    as bytes, as text and as JSON)."""
+    course, _, _, state = graded
+    path = course / "autograder" / "autograded" / "output_flood" / CHAPTER / f"{CHAPTER}.ipynb"
+    assert path.stat().st_size < 2 * hostile.CELL_OUTPUT, path.stat().st_size
+    assert any("were left out" in f for f in findings_of(course, "output_flood"))
+    assert state["peak_bytes"] < 600 * 2**20, f"grading peaked at {state['peak_bytes'] / 2**20:.0f} MiB"
+
+
+def test_make_autograde_names_the_submissions_stopped_at_a_time_limit(graded):
+    _, stdout, _, _ = graded
+    summary = stdout[stdout.index("stopped at a time limit"):]
+    assert f"{CHAPTER}  swallow_interrupt: execution stopped: a cell ran longer than 20 s" in summary
+
+
+def test_a_notebook_that_waits_out_its_time_limit_is_stopped_there(tmp_path):
+    """Outside the batch (it would wait with it): cells that each sleep just under the cell limit
+    are stopped at the notebook's limit, which the message names. The course's own limit fits a
+    class: a few minutes (README, "Time per student fits a class"), not 15."""
+    from secure_grading import ExecuteSandboxed
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT / "autograder")).load_config()
+    assert config.ExecuteSandboxed.notebook_timeout <= 300
+    assert config.Execute.timeout < config.ExecuteSandboxed.notebook_timeout
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(2.5)")
+                                         for _ in range(4)])
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    run = ExecuteSandboxed(timeout=3, notebook_timeout=6)
+    _, resources = run.preprocess(nb, {"metadata": {"path": str(tmp_path)}})
+    assert resources["gpulab_flags"] == ["execution stopped: the notebook ran past its time limit of 6 s"]
+    assert not nb.cells[3].execution_count
+
+
+def _hostile_pages(course):
+    with Gradebook(f"sqlite:///{course / 'autograder' / 'gradebook.db'}") as gradebook:
+        return {student: gradebook.find_submission_notebook(CHAPTER, CHAPTER, student).id
+                for student in ("html_in_cells", "html_in_outputs", "attachments", "links_beside")}
+
+
+def test_the_instructor_opens_hostile_submissions_and_nothing_runs(graded, machine, chromium):
+    """As the instructor: JupyterLab, Nbgrader > Formgrader, each hostile submission in the
+    manual grading view (inside JupyterLab's Formgrader frame), then its feedback file. No
+    planted script runs (none marks the page) and no request names PWNED or reaches the
+    server's API from the frame."""
+    course, _, _, _ = graded
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import browser
+    token = jupyter_token(machine)
+    page = chromium.new_page(viewport=browser.VIEWPORT)
+    suspicious = []
+
+    def watch(route):
+        request = route.request
+        from_frame = request.frame != page.main_frame
+        if "PWNED" in request.url or from_frame and "/api/" in request.url and "/formgrader/api/" not in request.url:
+            suspicious.append(f"{request.method} {request.url}")
+            route.abort()
+        else:
+            route.continue_()
+    page.route("**/*", watch)
+    page.goto(f"http://127.0.0.1:{machine['port']}/lab/tree/notebooks?reset&token={token}")
+    page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").wait_for(timeout=120_000)
+    browser.menu(page, "Nbgrader", "Formgrader")
+    frame = page.frame_locator("#formgrader-iframe iframe, iframe").last
+    frame.locator("a", has_text="Manual Grading").first.wait_for(timeout=60_000)
+    formgrader = next(f for f in page.frames if "/formgrader" in f.url)
+    marks = []
+    for student, submission_id in _hostile_pages(course).items():
+        formgrader.goto(f"http://127.0.0.1:{machine['port']}/formgrader/submissions/{submission_id}/")
+        formgrader.locator("#notebook-container").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(500)                  # failed image loads, timers
+        marks += [(student, f.url, f.evaluate(f"window.{hostile.MARK} || null")) for f in page.frames]
+        if student == "html_in_cells":              # the written answer is there, to be graded
+            formgrader.locator(".nbgrader_cell", has_text="My answer.").first.wait_for(timeout=10_000)
+    feedback = chromium.new_page()
+    console = browser.Console(feedback)
+    browser.only_local(feedback, console)
+    for student in _hostile_pages(course):
+        feedback.goto((course / "autograder" / "feedback" / student / CHAPTER / f"{CHAPTER}.html").as_uri())
+        feedback.wait_for_timeout(500)
+        marks.append((student, "feedback", feedback.evaluate(f"window.{hostile.MARK} || null")))
+    page.close()
+    feedback.close()
+    assert [m for m in marks if m[2]] == [], "planted scripts ran"
+    assert not suspicious, suspicious
+    assert not list(course.rglob("PWNED*"))
 
 
 def test_a_course_under_tmp_is_bound_back_into_the_private_tmp(monkeypatch, tmp_path):
     """A CI clone or a venv under /tmp must stay visible: the private /tmp is mounted before the
     Python install and gpulab are bound (bubblewrap mounts in order; the other way round every
     kernel died before it said hello)."""
-    import secure_grading
-    monkeypatch.setattr(secure_grading, "python_install", lambda: ["/tmp/clone/.venv"])
-    args = secure_grading.sandbox_command(str(tmp_path), str(tmp_path), secure_grading.Limits(
+    import sandbox
+    monkeypatch.setattr(sandbox, "python_install", lambda: ["/tmp/clone/.venv"])
+    args = sandbox.sandbox_command(str(tmp_path), str(tmp_path), sandbox.Limits(
         memory_bytes=2**30, tasks=64, disk_bytes=2**20, cpu_seconds=60))
     private_tmp = next(i for i in range(len(args)) if args[i:i + 2] == ["--tmpfs", "/tmp"])
     venv = next(i for i in range(len(args)) if args[i:i + 3] == ["--ro-bind"] + ["/tmp/clone/.venv"] * 2)

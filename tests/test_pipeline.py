@@ -132,6 +132,14 @@ class ChapterRoundTrip:
             blank = course / "autograder" / "feedback" / "blank" / self.chapter / f"{self.chapter}.html"
             assert "not answered yet" in html.unescape(blank.read_text())
 
+    def test_honest_submissions_raise_no_findings(self, graded):
+        """What grading refuses or removes (links, scripts, floods: issue 25) is never in a
+        chapter's own notebook: its solver, untouched release and typical slips pass clean."""
+        course, _ = graded
+        log = course / "autograder" / "integrity.jsonl"
+        assert not log.exists() or not log.read_text().strip(), log.read_text()
+        assert not (course / "autograder" / "refused").exists()
+
     def test_grades_csv_has_every_student(self, graded):
         course, stdout = graded
         rows = (course / "autograder" / "grades.csv").read_text().splitlines()
