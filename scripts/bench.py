@@ -4,8 +4,8 @@
    120 s on a 2-core machine);
 2. the book build (Jupyter Book, chapters executed unless cached);
 3. autograding a class of 50 synthetic submissions of chapter 03 (correct, typical wrong, blank
-   and adversarial mixed) in a throwaway copy of the course: target <= 10 minutes on 2 cores,
-   with a grades CSV row for every student;
+   and adversarial mixed, among them links beside the notebook and script in it) in a throwaway
+   copy of the course: target <= 10 minutes on 2 cores, with a grades CSV row for every student;
 4. chapter 07's figures (scripts/bench_ch07.py): the step-time model against measured loops,
    DataLoader workers on an I/O-bound dataset, the profiler's idle share, the capstone ladder;
 5. workshop mode (scripts/bench_workshop.py): 30 learners signing up at once, time until all
@@ -66,15 +66,20 @@ def adversarial(nb, kind: str):
     elif kind == "reads_keys":
         answers[0].source = ("import glob\nprint([open(p).read()[:100] for p in "
                              "glob.glob('../../../keys/*.py')])\n") + answers[0].source
+    elif kind == "links_and_html":   # with a link to the key beside it (autograde_class adds it)
+        answers[0].source = "print(open('key.py').read()[:100])\n" + answers[0].source
+        nb.cells.insert(1, nbformat.v4.new_markdown_cell("<img src=x onerror=alert(1)><script>alert(2)</script>"))
     return nb
 
 
 def autograde_class(n_students: int = 50) -> tuple[float, int, dict[str, list[float]]]:
-    """Grade a mixed class of one chapter: (seconds, CSV rows, scores by kind of student)."""
+    """Grade a mixed class of one chapter: (seconds, CSV rows, scores by kind of student).
+    A smaller class keeps the same mix (`python scripts/bench.py --class-only 10`)."""
     kinds = ["solver"] * 20 + ["typical"] * 10 + ["blank"] * 5 + [
         "equals_everything", "patched_checker", "kernel_exit", "deleted_tests", "forged_metadata",
-        "reads_keys"] * 3
-    kinds = kinds[:n_students]
+        "reads_keys", "links_and_html"] * 3
+    kinds = kinds[:50]
+    kinds = [kinds[i * len(kinds) // n_students] for i in range(n_students)]   # the same mix
     with tempfile.TemporaryDirectory() as tmp:
         course = copy_course(Path(tmp) / "course")
         items = load_key_module(course / "autograder" / "keys" / f"{CLASS_CHAPTER}.py")
@@ -92,6 +97,8 @@ def autograde_class(n_students: int = 50) -> tuple[float, int, dict[str, list[fl
             else:
                 nb = adversarial(nbformat.read(release, as_version=4), kind)
             nbformat.write(nb, folder / f"{CLASS_CHAPTER}.ipynb")
+            if kind == "links_and_html":
+                (folder / "key.py").symlink_to(course / "autograder" / "keys" / f"{CLASS_CHAPTER}.py")
         start = time.perf_counter()
         subprocess.run([sys.executable, "autograder/grade.py"], cwd=course, check=True,
                        capture_output=True)
@@ -105,7 +112,19 @@ def autograde_class(n_students: int = 50) -> tuple[float, int, dict[str, list[fl
         return seconds, len(rows), scores
 
 
+def print_class(n_students: int) -> None:
+    seconds, rows, scores = autograde_class(n_students)
+    print(f"\nautograde of a class of {n_students} submissions of {CLASS_CHAPTER} (release + autograde + "
+          f"feedback + export, {os.cpu_count()} jobs): {seconds:.1f} s = {seconds / 60:.1f} min "
+          f"(target for 50: <= 10 min), {seconds / n_students:.1f} s per submission; grades.csv rows: {rows}")
+    for kind, got in scores.items():
+        print(f"  {kind:<18} x{len(got):>2}: scores {sorted(set(got))}")
+
+
 def main() -> None:
+    if "--class-only" in sys.argv:      # only the class, of this many (the same mix): a quick look
+        print_class(int(sys.argv[sys.argv.index("--class-only") + 1]))
+        return
     print(f"machine: {os.cpu_count()} CPU cores; python {sys.version.split()[0]}")
     print("\nsolution notebooks, executed top to bottom (fresh kernel each):")
     for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):
@@ -115,12 +134,7 @@ def main() -> None:
     start = time.perf_counter()
     subprocess.run([sys.executable, "scripts/build_book.py"], cwd=ROOT, check=True, capture_output=True)
     print(f"\nbook build (make book, {state}): {time.perf_counter() - start:.1f} s")
-    seconds, rows, scores = autograde_class(50)
-    print(f"\nautograde of a class of 50 submissions of {CLASS_CHAPTER} (release + autograde + "
-          f"feedback + export, {os.cpu_count()} jobs): {seconds:.1f} s = {seconds / 60:.1f} min "
-          f"(target <= 10 min), {seconds / 50:.1f} s per submission; grades.csv rows: {rows}")
-    for kind, got in scores.items():
-        print(f"  {kind:<18} x{len(got):>2}: scores {sorted(set(got))}")
+    print_class(50)
     print("\nchapter 07, the input pipeline:", flush=True)
     subprocess.run([sys.executable, "scripts/bench_ch07.py"], cwd=ROOT, check=True)
     print("\nworkshop mode (scripts/bench_workshop.py):", flush=True)
