@@ -152,33 +152,37 @@ def autograde(chapter: str, jobs: int) -> dict[str, str]:
     """nbgrader autograde, with the students split over ``jobs`` processes (each one runs a
     notebook at a time; the gradebook is SQLite, whose writes are short and wait on a lock).
     nbgrader goes on past a submission that fails; a process that dies (a crash, a hard exit)
-    leaves the rest of its students, which are graded again in one process, without the student
-    it died at. Returns {student: why} for those who could not be graded."""
+    leaves the rest of its students, which are graded at once in a process of their own, without
+    the student it died at. Returns {student: why} for those who could not be graded."""
     students = sorted(p.parent.name for p in SUBMITTED.glob(f"*/{chapter}") if p.is_dir())
     groups = [students[i::jobs] for i in range(max(1, min(jobs, len(students))))]
     print(f"grading {chapter}: {len(students)} submissions, {len(groups)} at a time", flush=True)
     progress = Progress(chapter, len(students))
     failed: dict[str, str] = {}
-    while groups:
-        runs = [(group, Run("autograde", chapter, "--create", "--force",
-                            "--CourseDirectory.student_id_exclude=" + ",".join(set(students) - set(group))))
-                for group in groups]
-        while any(run.process.poll() is None for _, run in runs):
-            progress.update()
-            time.sleep(1)
+
+    def start(group: list[str]) -> tuple[list[str], Run]:
+        others = ",".join(set(students) - set(group))
+        return group, Run("autograde", chapter, "--create", "--force",
+                          f"--CourseDirectory.student_id_exclude={others}")
+
+    running = [start(group) for group in groups]
+    while running:
         progress.update()
-        left = []
-        for group, run in runs:
+        for group, run in [(g, r) for g, r in running if r.process.poll() is not None]:
+            running.remove((group, run))
             status, errors = run.finish()
+            progress.update()
             failed.update(errors)
             # nbgrader takes the submissions in the order of their folders' paths
             rest = sorted(set(group) - _graded(chapter) - set(failed), key=lambda s: s + "/")
-            if rest and died(status):       # it died at the first of the rest; the others wait
+            if rest and died(status):       # it died at the first of the rest; the others go on
                 failed[rest[0]] = f"the grading process died at it (exit status {status})"
-                left += rest[1:]
-        if left:
-            print(f"  {chapter}: grading {len(left)} submission(s) again, whose process died", flush=True)
-        groups = [left] if left else []
+                if rest[1:]:
+                    print(f"  {chapter}: grading {len(rest) - 1} submission(s) again, whose process "
+                          "died", flush=True)
+                    running.append(start(rest[1:]))
+        time.sleep(1)
+    progress.update()
     for student in sorted(set(students) - _graded(chapter) - set(failed)):
         failed[student] = "nbgrader graded no notebook of it"
     for student, why in sorted(failed.items()):

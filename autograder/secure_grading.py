@@ -35,7 +35,7 @@ import nbformat
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbgrader.api import Gradebook
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
-from traitlets import Integer, Unicode
+from traitlets import Bool, Integer, Unicode
 
 import intake
 from graded_html import markdown_text
@@ -165,15 +165,17 @@ class ExecuteSandboxed(Execute):
     max_notebook_output_chars = Integer(10_000_000, help="Outputs kept per notebook, in "
                                         "characters.").tag(config=True)
 
+    # Widget state would be kept whole in memory, and an Output widget's outputs bypass the caps;
+    # a graded copy shows no live widget anyway.
+    store_widget_state = Bool(False, help="Keep widgets' state (off: see above).").tag(config=True)
+    # Outputs that stop reaching the grader (ZeroMQ drops a message over the sandbox's
+    # max_message_bytes, and the channel with it) stop the run instead of stalling each cell.
+    raise_on_iopub_timeout = Bool(True, help="Stop when outputs stop coming.").tag(config=True)
+    iopub_timeout = Integer(15, help="Seconds to wait for a cell's last outputs after its "
+                            "reply.").tag(config=True)
+
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
-        # Widget state would be kept whole in memory, and an Output widget's outputs bypass the
-        # caps; a graded copy shows no live widget anyway.
-        kwargs.setdefault("store_widget_state", False)
-        # Outputs that stop reaching the grader (ZeroMQ drops a message over the sandbox's
-        # max_message_bytes, and the channel with it) stop the run instead of stalling each cell.
-        kwargs.setdefault("raise_on_iopub_timeout", True)
-        kwargs.setdefault("iopub_timeout", 15)
         super().__init__(*args, **kwargs)
 
     def create_kernel_manager(self):

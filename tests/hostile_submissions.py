@@ -37,6 +37,7 @@ c.SanitizeMarkdown.max_cell_attachment_chars = {CELL_ATTACHMENT}
 c.SanitizeMarkdown.max_notebook_attachment_chars = {NOTEBOOK_ATTACHMENT}
 c.ExecuteSandboxed.max_cell_output_chars = {CELL_OUTPUT}
 c.ExecuteSandboxed.max_notebook_output_chars = {NOTEBOOK_OUTPUT}
+c.ExecuteSandboxed.iopub_timeout = 5     # the flood's stop waits this long (15 s by default)
 
 # Two failures made by the test, for one student each: grading's process dies (os._exit), and
 # feedback raises. The batch must grade and give feedback to everyone else.
