@@ -65,10 +65,11 @@ if settings.walls:       # run.py has checked that this machine has a way (works
     applier.prepare(settings.learners)
     atexit.register(applier.finish)
     hub.WorkshopSpawner.walls = applier
-hide, reveal = hub.reveal_plan([Path(sys.base_prefix).resolve(), VENV_BIN.parent, ROOT])
+NEEDED = [Path(sys.base_prefix).resolve(), VENV_BIN.parent, ROOT]   # what every learner runs
+hide, reveal = hub.reveal_plan(NEEDED)
 hub.WorkshopSpawner.wrapper_env = {
     "GPULAB_WORKSHOP_COURSE": str(COURSE), "GPULAB_WORKSHOP_HIDE": hide,
-    "GPULAB_WORKSHOP_REVEAL": reveal,
+    "GPULAB_WORKSHOP_REVEAL": reveal, "GPULAB_WORKSHOP_KEEP": ":".join(map(str, NEEDED)),
     "GPULAB_WORKSHOP_START_HERE": str(HERE / "START_HERE.md"),
     "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
     # Kernels' connection files and Unix sockets (workshop/singleuser/): short paths, private.

@@ -8,6 +8,8 @@
 #   GPULAB_WORKSHOP_OOM_SCORE_ADJ  the learner's processes go first when the machine runs out of
 #                                  memory; written as root, the learner cannot lower it
 #   GPULAB_WORKSHOP_SCRATCH_BYTES  the size of the learner's own /tmp, /var/tmp and /dev/shm
+#   GPULAB_WORKSHOP_KEEP           what learners must reach even where it lies in one of those
+#                                  (colon-separated: the Python, the venv, the course checkout)
 #   GPULAB_WORKSHOP_MASK           device nodes covered in the learner's namespace (cgroup v2)
 #   GPULAB_WORKSHOP_HIDE           a folder learners may not enter that holds what they must run
 #                                  (root's home, when the Python lives there, e.g. pyenv): in the
@@ -57,16 +59,32 @@ if [ -n "${GPULAB_WORKSHOP_MASK:-}" ]; then
 fi
 # Scratch of their own: nobody else's files, and no file of theirs in anyone else's. Its pages
 # count in the learner's memory (cgroup or scope), so together they can take no more than that.
+# What the learner must still reach inside one of them (the course checkout, its venv or Python,
+# e.g. a clone under /tmp) is bound back, read-only: the shell's working folder keeps the old
+# folder reachable after the new one covers it.
 size="${GPULAB_WORKSHOP_SCRATCH_BYTES:?the hub sets GPULAB_WORKSHOP_SCRATCH_BYTES}"
 for dir in /tmp /var/tmp /dev/shm; do
     [ -d "$dir" ] || continue
+    cd "$dir"
     mount -t tmpfs -o "size=$size,mode=1777,nosuid,nodev" gpulab-scratch "$dir"
+    old_ifs=$IFS; IFS=:
+    for path in ${GPULAB_WORKSHOP_KEEP:-}; do
+        case "$path" in
+            "$dir"/*)
+                inside="${path#"$dir"/}"
+                mkdir -p "$dir/$inside"
+                mount --no-canonicalize --bind "./$inside" "$dir/$inside"  # ./: the old folder
+                mount -o remount,bind,ro "$dir/$inside" ;;
+        esac
+    done
+    IFS=$old_ifs
+    cd /
 done
 course="${GPULAB_WORKSHOP_COURSE:?the hub sets GPULAB_WORKSHOP_COURSE}"
 start_here="${GPULAB_WORKSHOP_START_HERE:-}"
 unset GPULAB_WORKSHOP_HIDE GPULAB_WORKSHOP_REVEAL GPULAB_WORKSHOP_IN_NAMESPACE GPULAB_WORKSHOP_COURSE \
     GPULAB_WORKSHOP_CGROUPS GPULAB_WORKSHOP_MASK GPULAB_WORKSHOP_OOM_SCORE_ADJ \
-    GPULAB_WORKSHOP_SCRATCH_BYTES GPULAB_WORKSHOP_START_HERE
+    GPULAB_WORKSHOP_SCRATCH_BYTES GPULAB_WORKSHOP_START_HERE GPULAB_WORKSHOP_KEEP
 cd "$HOME"
 # The learner's own identity from here on; no setuid program can raise it again.
 as_learner="setpriv --reuid=$user --regid=$(id -g "$user") --init-groups --no-new-privs --"
