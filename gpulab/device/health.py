@@ -9,6 +9,7 @@ here import on any machine.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pynvml  # nvidia-ml-py: its constants name the clock-event bits
@@ -84,6 +85,33 @@ def explain_clock_events(mask: int) -> str:
 
 
 # ----------------------------------------------------------------------------- NVML reads
+
+class NoGPU(Exception):
+    """NVML could not be opened, or has no such GPU; the message says why."""
+
+
+def open_gpu(nvml=None, index: int | None = None):
+    """Initialise NVML and find one GPU: NVML's ``index``, or by default the GPU behind torch's
+    cuda:0 (wherever CUDA_VISIBLE_DEVICES puts it). Returns (nvml, index, handle), NVML left
+    initialised for the caller to shut down; raises NoGPU with the reason (no library, no driver,
+    no such GPU), NVML shut down again. ``nvml``: the ``pynvml`` module or a stand-in (tests)."""
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+    except Exception as error:  # noqa: BLE001 (no library, no driver: NVMLError_*)
+        raise NoGPU(f"NVML: {type(error).__name__}: {error}") from error
+    try:
+        if index is None:
+            from gpulab.device.choosing import physical_gpu
+            index = physical_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), 0, nvml)
+        if nvml.nvmlDeviceGetCount() <= index:
+            raise IndexError(f"NVML sees no GPU {index}")
+        return nvml, index, nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as error:  # noqa: BLE001
+        nvml.nvmlShutdown()
+        raise NoGPU(f"{type(error).__name__}: {error}") from error
+
 
 def ask(query, *args):
     """One optional NVML (or psutil) query: None where this GPU or driver does not support it."""

@@ -40,7 +40,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from gpulab.device.health import ask, clock_events
+from gpulab.device.health import NoGPU, ask, clock_events, open_gpu
 from gpulab.device.sampler import BackgroundSampler
 
 GPU_SERIES = ("util_percent", "memory_used_bytes", "power_watts", "temperature_c",
@@ -169,25 +169,11 @@ class Monitor(BackgroundSampler):
         if not self.gpu:
             return "GPU monitoring switched off"
         try:
-            if self._nvml is None:
-                import pynvml
-                self._nvml = pynvml
-            self._nvml.nvmlInit()
-        except Exception as error:  # noqa: BLE001 (no library, no driver: NVMLError_*)
+            self._nvml, self.index, self._handle = open_gpu(self._nvml, self.index)
+        except NoGPU as why:
             self._nvml = None
-            return f"no NVIDIA GPU to monitor (NVML: {type(error).__name__}: {error})"
-        try:
-            if self.index is None:   # torch's cuda:0, wherever CUDA_VISIBLE_DEVICES puts it
-                from gpulab.device.choosing import physical_gpu
-                self.index = physical_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), 0, self._nvml)
-            if self._nvml.nvmlDeviceGetCount() <= self.index:
-                raise IndexError(f"NVML sees no GPU {self.index}")
-            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.index)
-            name = self._nvml.nvmlDeviceGetName(self._handle)
-        except Exception as error:  # noqa: BLE001
-            self._nvml.nvmlShutdown()
-            self._nvml = None
-            return f"no NVIDIA GPU to monitor ({type(error).__name__}: {error})"
+            return f"no NVIDIA GPU to monitor ({why})"
+        name = ask(self._nvml.nvmlDeviceGetName, self._handle) or f"GPU {self.index}"
         name = name.decode() if isinstance(name, bytes) else name
         self.trace.source = f"NVML, GPU {self.index} ({name})"
         return None

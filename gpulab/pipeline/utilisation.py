@@ -16,11 +16,11 @@ utilisation, says nothing about how much arithmetic those cores did.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
 
+from gpulab.device.health import NoGPU, open_gpu
 from gpulab.device.sampler import BackgroundSampler
 
 
@@ -83,24 +83,9 @@ class UtilisationSampler(BackgroundSampler):
 
     def _open(self) -> bool:
         try:
-            if self._nvml is None:
-                import pynvml
-                self._nvml = pynvml
-            self._nvml.nvmlInit()
-        except Exception as error:  # noqa: BLE001 (no library, no driver: NVMLError_*)
-            self.result.note = f"no NVIDIA GPU to sample (NVML: {type(error).__name__}: {error})"
-            self._nvml = None
-            return False
-        try:
-            if self.index is None:   # torch's cuda:0, wherever CUDA_VISIBLE_DEVICES puts it
-                from gpulab.device.choosing import physical_gpu
-                self.index = physical_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), 0, self._nvml)
-            if self._nvml.nvmlDeviceGetCount() <= self.index:
-                raise IndexError(f"NVML sees no GPU {self.index}")
-            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self.index)
-        except Exception as error:  # noqa: BLE001
-            self.result.note = f"no NVIDIA GPU to sample ({type(error).__name__}: {error})"
-            self._nvml.nvmlShutdown()
+            self._nvml, self.index, self._handle = open_gpu(self._nvml, self.index)
+        except NoGPU as why:
+            self.result.note = f"no NVIDIA GPU to sample ({why})"
             self._nvml = None
             return False
         return True
