@@ -89,15 +89,9 @@ fi
 # python-jsonschema/jsonschema#1428).
 "${pip[@]}" uninstall --yes rfc3987-syntax 2>/dev/null || true
 
-# nbgrader switches its extensions on when installed; say so explicitly at the venv's level so a
-# user-level config that turned them off does not silently win.
-quietly() { local out; out=$("$@" 2>&1) || { echo "$out" >&2; return 1; }; }  # output only on failure
-for ext in formgrader assignment_list course_list validate_assignment; do
-    quietly "$venv/bin/jupyter" server extension enable --sys-prefix "nbgrader.server_extensions.$ext"
-done
-for ext in formgrader assignment-list course-list create-assignment validate-assignment; do
-    quietly "$venv/bin/jupyter" labextension enable --level=sys_prefix "@jupyter/nbgrader:$ext"
-done
+# nbgrader's wheel switches its server and lab extensions on by itself, at the venv's level
+# (etc/jupyter/jupyter_server_config.d/nbgrader.json); the nine `jupyter ... enable` calls that
+# said it again here took about 20 s of every setup. The browser tests open the Formgrader.
 
 touch "$stamp"
 echo "setup: $venv is ready"

@@ -4,9 +4,8 @@
     python scripts/suite_durations.py --no-setup # the suite only
 
 `make bench` runs it. The suite runs exactly as `make test` runs it (same flags, two workers), with
-`--durations=0`, and each test's setup + call + teardown is added up per file: a chapter notebook
-under nbval counts as one file, the cells of it being its tests. The setup time is a new venv built
-by scripts/setup_venv.sh in a temporary folder (pip's cache warm, as on a machine that ran it once).
+`--durations=0`, and each test's setup + call + teardown is added up per file. The setup time is
+a new venv built by scripts/setup_venv.sh in a temporary folder (pip's cache warm, as on a machine that ran it once).
 """
 from __future__ import annotations
 

@@ -294,7 +294,7 @@ def test_main_runs_the_chosen_chapters_with_a_stand_in_gpu(tmp_path, monkeypatch
 
     monkeypatch.setattr(gpu_check, "FootprintSampler", no_nvml)
     # main() points this process's kernels at the keys through the environment; monkeypatch
-    # takes it back afterwards, or every later kernel of this pytest worker (nbval's, the
+    # takes it back afterwards, or every later kernel of this pytest worker (the
     # browser test's JupyterLab) would look for keys in this test's empty folder.
     monkeypatch.setenv("GPULAB_ANSWER_KEYS", "")
     assert gpu_check.main(["--out", str(tmp_path / "out"), "--chapter-timeout", "20", "01"]) == 0

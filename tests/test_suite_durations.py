@@ -32,4 +32,4 @@ def test_durations_add_up_per_file_and_per_test():
 def test_the_suite_runs_as_make_test_runs_it():
     command = suite_durations.make_test_command()
     assert command[:3] == [sys.executable, "-m", "pytest"]
-    assert "tests" in command and "--nbval-lax" in command
+    assert "tests" in command and "-n" in command
