@@ -146,7 +146,7 @@ def test_e_memory_thresholds(free, total, warns):
         assert "in use" in finding.message
 
 
-@pytest.mark.parametrize("value", ["", "-1", "2", "NoDevFiles"])
+@pytest.mark.parametrize("value", ["", "-1", "2", "NoDevFiles", "GPU-00000000-dead", "GPU-0,1"])
 def test_f_cuda_visible_devices_hides_every_gpu(value):
     facts = machine(**TORCH_SEES_NO_GPU, cuda_visible_devices=value,
                     nvml_gpus=[nvml_gpu(0), nvml_gpu(1)])
@@ -154,6 +154,13 @@ def test_f_cuda_visible_devices_hides_every_gpu(value):
     assert finding.level == "warn"
     assert f"CUDA_VISIBLE_DEVICES={value!r} hides all 2 GPU(s)" in finding.message
     assert is_usable([finding])
+
+
+@pytest.mark.parametrize("value", [f"GPU-{UUID}", f"GPU-{UUID[:8]}", f"GPU-{UUID.upper()},GPU-0dead",
+                                   "MIG-anything"])
+def test_f_a_uuid_that_names_a_gpu_hides_nothing(value):
+    facts = machine(cuda_visible_devices=value, nvml_gpus=[nvml_gpu(0), nvml_gpu(1)])
+    assert not [f for f in diagnose(facts) if "hides all" in f.message]
 
 
 def test_f_a_valid_cuda_visible_devices_is_not_blamed():

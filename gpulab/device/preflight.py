@@ -252,13 +252,18 @@ _LEVELS = ["n/a", "ok", "warn", "error"]
 
 def _hides_all_gpus(facts: DeviceFacts) -> bool:
     """CUDA reads CUDA_VISIBLE_DEVICES up to its first invalid entry, so it hides every GPU when
-    that first entry is invalid: "", "-1" or an index past the last GPU. (UUIDs taken as valid.)"""
+    that first entry is invalid: "", "-1", an index past the last GPU, or a GPU-<uuid> (or prefix
+    of one) that names none of the driver's GPUs. (MIG-<uuid> entries are taken as valid: MIG
+    instances are not among the facts.)"""
     if facts.cuda_visible_devices is None:
         return False
     first = facts.cuda_visible_devices.split(",")[0].strip().lower()
     if first.isdigit():
         return int(first) >= len(facts.nvml_gpus)
-    return not first.startswith(("gpu-", "mig-"))
+    if first.startswith("gpu-"):
+        prefix = first.removeprefix("gpu-")          # the facts keep UUIDs without it
+        return not any(gpu.uuid and gpu.uuid.startswith(prefix) for gpu in facts.nvml_gpus)
+    return not first.startswith("mig-")
 
 
 def _older(version: str | None, than: str | None) -> bool:
