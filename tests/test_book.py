@@ -2,6 +2,7 @@
 plumbing shows, internal links resolve, the formula sheet agrees with gpulab, and in Chromium,
 opened from disk with the network blocked, every page renders its formulas (the book ships its
 own MathJax), logs no error, has one search field, and an answer toggle opens."""
+import functools
 import re
 import subprocess
 import sys
@@ -47,6 +48,7 @@ class Links(HTMLParser):
                 self.links.append(attrs[name])
 
 
+@functools.cache   # a page is read once, however many links point into it (pages are large)
 def parse(page: Path) -> Links:
     links = Links()
     links.feed(page.read_text())
