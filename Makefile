@@ -46,7 +46,7 @@ lab: $(READY)
 test: $(READY) $(WORKSHOP_PROXY)
 	@scripts/need_system_package.sh bwrap bubblewrap "the grading sandbox"
 	@scripts/need_system_package.sh chromium chromium "the browser tests and make screenshots"
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder tests
 
 doctor: $(READY)
 	$(BIN)/python -m gpulab doctor
