@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import browser  # noqa: E402
 
-RUN_ALL_CHAPTER = "03_throughput"   # the quickest chapter to run top to bottom on a CPU
-QUIZ_CHAPTER = "03_throughput"
+RUN_ALL_CHAPTER = "08_monitoring"   # the quickest chapter to run top to bottom on a CPU
+QUIZ_CHAPTER = RUN_ALL_CHAPTER
 CHAPTERS = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
 
 

@@ -10,7 +10,7 @@ its network namespace with every experiment, ranks, DataLoader workers, probes i
 and monitors included, as a class's notebooks do. The solver submits the key's right answers and
 the typical student its first typical slip, both without the experiments
 (scratch_course.without_experiments): answers are all that grading judges. Every solution runs
-whole, with its checks strict, in the book build (tests/test_book.py); chapter 03's release also
+whole, with its checks strict, in the book build (tests/test_book.py); chapter 08's release also
 runs top to bottom in JupyterLab (tests/test_browser.py).
 
 The chapters are graded in two batches, one `make autograde` each (one per pytest worker): a
