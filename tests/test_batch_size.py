@@ -233,20 +233,23 @@ def chapter_measurements(seed: int) -> tuple[float, float, float]:
     return e_min / s_min, sum(measured) / len(measured), windows[0].estimated
 
 
+NOTEBOOK_B_CRIT = 1447.6                              # what the notebook's seed 0 fits (pairs)
+
+
 @pytest.fixture(scope="module")
-def two_seeds():
-    return [chapter_measurements(seed) for seed in (1, 2)]
+def other_seed():
+    return chapter_measurements(seed=1)               # one seed: the sweep costs about 3 s
 
 
-def test_the_fitted_critical_batch_is_stable_across_seeds(two_seeds):
-    (b1, _, _), (b2, _, _) = two_seeds
-    assert abs(b1 / b2 - 1) < 0.15
-    assert 1000 < b1 < 2000                           # the notebook's seed 0 gives about 1,450
+def test_the_fitted_critical_batch_is_stable_across_seeds(other_seed):
+    b_crit, _, _ = other_seed
+    # seeds 1 and 2 give 1,417 and 1,506; whole steps in place of the interpolated crossing 1,242
+    assert abs(b_crit / NOTEBOOK_B_CRIT - 1) < 0.1
 
 
-def test_the_prediction_from_the_measured_noise_scale_holds_within_the_chapters_tolerance(two_seeds):
+def test_the_prediction_from_the_measured_noise_scale_holds_within_the_chapters_tolerance(other_seed):
     """The chapter judges B_crit ≈ the average measured B_simple within ±50%; the measured
     B_simple at step 1 within ±10% of the hand calculation (Experiment 1's tolerance)."""
-    for b_crit, noise, first in two_seeds:
-        assert abs(b_crit / noise - 1) < 0.5
-        assert abs(first / L.initial_simple_noise_scale(LANG) - 1) < 0.1
+    b_crit, noise, first = other_seed
+    assert abs(b_crit / noise - 1) < 0.5
+    assert abs(first / L.initial_simple_noise_scale(LANG) - 1) < 0.1
