@@ -169,13 +169,25 @@ def test_every_chapter_is_in_a_batch():
     assert sorted(c for batch in BATCHES for c in batch) == CHAPTERS
 
 
-def feedback_only_rebuilds_without_regrading(self, graded):
-    """`make feedback` after manual grading: feedback and CSV again, nothing re-run."""
-    course, _ = graded
+def feedback_only_rebuilds_without_regrading(self, graded, tmp_path):
+    """`make feedback` after manual grading: feedback and CSV again, nothing re-run. In a copy
+    of the graded course that keeps one chapter's submissions (the script is the same for every
+    chapter; the copy leaves the batch's own results alone)."""
+    course = shutil.copytree(graded[0], tmp_path / "course", symlinks=True)
+    chapter, *others = self.chapters
+    for student in STUDENTS:
+        for other in others:
+            shutil.rmtree(course / "autograder" / "submitted" / student / other)
+    feedback = course / "autograder" / "feedback" / "typical" / chapter / f"{chapter}.html"
+    feedback.unlink()
     csv = course / "autograder" / "grades.csv"
     csv.unlink()
+    before = sorted(p.stat().st_mtime_ns for p in (course / "autograder" / "autograded").rglob("*.ipynb"))
     result = run(course, "grade.py", "--feedback-only")
     assert csv.exists() and "solver" in result.stdout
+    says = next(iter(key(chapter).values())).mistakes[0].says
+    assert feedback.exists() and says in html.unescape(re.sub(r"<[^>]+>", "", feedback.read_text()))
+    assert before == sorted(p.stat().st_mtime_ns for p in (course / "autograder" / "autograded").rglob("*.ipynb"))
 
 
 # Two batches of about equal cost (the chapters alternate), one class each, so that
