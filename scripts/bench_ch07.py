@@ -108,14 +108,14 @@ def ladder(device) -> None:
     else:
         peak = measure.matmul_throughput(512, torch.float32, device).flops_per_second
         label = "fraction of this CPU's measured matmul rate (not an MFU)"
-    probe = pipeline.run_rung(config, rungs[0], seq, device, steps=1, warmup=2)      # data in memory
+    probe = pipeline.run_rung(config, rungs[0], seq, device, steps=8 if on_gpu else 6, warmup=2)      # data in memory
     batch_load = pipeline.LOAD_SHARE * probe["step_seconds"]
     print(f"4. the ladder on {device} ({label}); naive compute {probe['step_seconds'] * 1e3:.1f} ms, "
           f"a batch read {batch_load * 1e3:.1f} ms, data stage with {rungs[1].workers} workers "
           f"{batch_load / rungs[1].workers * 1e3:.1f} ms:")
     worst_wait = 0.0
     for i, rung in enumerate(rungs):
-        r = pipeline.run_rung(config, rung, seq, device, steps=8 if on_gpu else 2,
+        r = pipeline.run_rung(config, rung, seq, device, steps=8 if on_gpu else 6,
                               sample_latency=batch_load / rung.batch_size)
         share = f"{arith.mfu(r['tokens_per_second'], r['flops_per_token'], peak):.1%}" if peak else "n/a"
         memory = f", peak {r['peak_bytes'] / 2**30:.2f} GiB" if r["peak_bytes"] else ""

@@ -70,9 +70,11 @@ def course_ladder(on_gpu: bool):
     fp32 matmuls (TF32, then bf16), then the remaining launches and memory round trips
     (torch.compile), then the work per kernel (the larger micro-batch).
 
-    On a CPU, a 4-layer model at sequence 64 and 2 workers (its later rungs are at most about 2x
-    faster than its naive one, so the data stage, 1/4 of the naive compute, stays below them);
-    TF32, bf16 and torch.compile are left out there (chapter 07, section 7, says why).
+    On a CPU, a 2-layer model of width 128 at sequence 64 and 2 workers (a naive step of about
+    40 ms on one core, so that a ladder of several timed steps per rung costs a few CPU-seconds;
+    its later rungs are at most about 2x faster than its naive one, so the data stage, 1/4 of the
+    naive compute, stays below them); TF32, bf16 and torch.compile are left out there (chapter
+    07, section 7, says why).
     """
     from gpulab import arith
     from gpulab.models import GPTConfig
@@ -89,7 +91,7 @@ def course_ladder(on_gpu: bool):
             Rung("+ bf16 autocast", small, w, True, "adamw_fused", bf16, tf32=True),
             Rung("+ torch.compile", small, w, True, "adamw_fused", bf16, True, True),
             Rung(f"+ micro-batch {big}", big, w, True, "adamw_fused", bf16, True, True)]
-    config, seq, w = GPTConfig(vocab_size=1000, block_size=128, n_layer=4, n_head=4, n_embd=256), 64, 2
+    config, seq, w = GPTConfig(vocab_size=1000, block_size=128, n_layer=2, n_head=4, n_embd=128), 64, 2
     return config, seq, [
         Rung("naive", 4),
         Rung(f"+ {w} workers", 4, w),
