@@ -456,16 +456,6 @@ def test_doctor_exits_1_when_gpus_exist_but_torch_is_cpu_only(monkeypatch, capsy
     assert "CPU-only build" in out and "Verdict: BROKEN" in out and "12.4" in out
 
 
-def test_visible_gpu_count_runs_a_fresh_process(monkeypatch):
-    # On this CPU-only machine every count is 0; the point is that the probe runs, parses and
-    # honours the variable in a child process without touching ours.
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
-    from gpulab.device import visible_gpu_count
-    assert visible_gpu_count("") == 0
-    assert visible_gpu_count(None, set_after_init=True) == torch.cuda.device_count()
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
-
-
 class FakeCuda:
     """torch.cuda on a made-up 8-GPU machine, as torch 2.13 behaves (issue 13, finding 5): before
     CUDA is initialised, device_count() asks NVML and honours CUDA_VISIBLE_DEVICES as it is now;
@@ -517,12 +507,23 @@ def test_without_a_gpu_the_late_probe_does_not_try_to_start_cuda(monkeypatch):
 
 
 def test_visible_gpu_counts_runs_each_setting_in_its_own_process(monkeypatch):
+    # On this CPU-only machine every count is 0; the point is that the probes run, parse and
+    # honour the variable in child processes without touching ours. One call: each costs one
+    # import of torch.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
     from gpulab.device import visible_gpu_counts
-    counts = visible_gpu_counts({"hide": ("", False), "late": ("", True), "unset": (None, False)})
-    assert counts == {"hide": 0, "late": torch.cuda.device_count(),
-                      "unset": torch.cuda.device_count()}
+    counts = visible_gpu_counts({"hide": ("", False), "late": ("", True), "unset": (None, False),
+                                 "late unset": (None, True)})
+    gpus = torch.cuda.device_count()
+    assert counts == {"hide": 0, "late": gpus, "unset": gpus, "late unset": gpus}
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+def test_visible_gpu_count_is_one_probe(monkeypatch):
+    from gpulab.device import choosing
+    monkeypatch.setattr(choosing, "visible_gpu_counts",
+                        lambda settings: {label: len(repr(s)) for label, s in settings.items()})
+    assert choosing.visible_gpu_count("", set_after_init=True) == len(repr(("", True)))
 
 
 # ------------------------------------------------------------------------------------------

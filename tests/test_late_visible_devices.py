@@ -62,3 +62,12 @@ def test_an_unknown_moment_is_refused():
         count_gpus_in_this_process("", set_after_init="later")
     with pytest.raises(ValueError, match="'x'"):
         visible_gpu_counts({"x": ("", "never")})
+
+
+@pytest.mark.parametrize("at_start, value, when, expected", [
+    ("0", "", True, 1),             # CUDA started under "0" in the probe, before the late ""
+    (None, "", "is_available", 0),  # the driver read "unset" (8); the count re-reads ""
+    ("", None, False, 8),           # set in time: the start value is replaced before CUDA starts
+])
+def test_a_forked_probe_starts_under_its_own_setting(eight_gpus, at_start, value, when, expected):
+    assert choosing._count_gpus_in_a_fresh_fork(at_start, value, when) == expected

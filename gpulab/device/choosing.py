@@ -9,6 +9,7 @@ set early or too late. Sizes are in GiB (2^30 bytes).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -188,43 +189,74 @@ def count_gpus_in_this_process(cuda_visible_devices: str | None, set_after_init=
     return torch.cuda.device_count()
 
 
-_COUNT_GPUS = """
-import sys
-from gpulab.device import count_gpus_in_this_process
-from gpulab.device.choosing import LATE_SETTINGS
-value = None if sys.argv[1] == "unset" else sys.argv[1]
-print(count_gpus_in_this_process(value, set_after_init=LATE_SETTINGS[int(sys.argv[2])]))
+def _count_gpus_in_a_fresh_fork(at_start: str | None, cuda_visible_devices: str | None,
+                                set_after_init) -> int:
+    """One probe of ``visible_gpu_counts``, in a process forked from one that has imported torch
+    but never started CUDA or NVML, so its CUDA starts from nothing, as in a new interpreter.
+    ``at_start``: CUDA_VISIBLE_DEVICES as the probe starts (None: unset)."""
+    if at_start is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = at_start
+    return count_gpus_in_this_process(cuda_visible_devices, set_after_init)
+
+
+# The probes' parent: imports torch once, forks one probe per setting (they run together), prints
+# their replies. Not multiprocessing's forkserver: that re-imports the caller's __main__ in every
+# child, which breaks a learner's script that has no `if __name__ == "__main__":` guard.
+_PROBE_PARENT = """
+import json, os, sys, traceback
+from gpulab.device.choosing import _count_gpus_in_a_fresh_fork
+children = []
+for probe in json.loads(sys.argv[1]):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            reply = str(_count_gpus_in_a_fresh_fork(*probe))
+        except BaseException:
+            reply = traceback.format_exc()
+        os.write(write, reply.encode())
+        os._exit(0)
+    os.close(write)
+    children.append((pid, read))
+replies = []
+for pid, read in children:
+    with os.fdopen(read) as pipe:
+        replies.append(pipe.read())
+    os.waitpid(pid, 0)
+print(json.dumps(replies))
 """
 
 
 def visible_gpu_counts(settings: dict) -> dict:
-    """``torch.cuda.device_count()`` in fresh Python processes, one per entry of ``settings``:
+    """``torch.cuda.device_count()`` in fresh processes, one per entry of ``settings``:
     ``{label: (cuda_visible_devices, set_after_init)}`` -> ``{label: count}``. Each process runs
     with CUDA_VISIBLE_DEVICES set to ``cuda_visible_devices`` (None: unset) from the start
     (``set_after_init`` False) or only later, at the moment ``set_after_init`` names
-    (``LATE_SETTINGS``: after ``torch.cuda.init()``, after ``torch.cuda.is_available()``). Fresh
-    processes because CUDA reads the variable once per process; started together because each
-    spends seconds importing torch."""
-    probes = {}
+    (``LATE_SETTINGS``: after ``torch.cuda.init()``, after ``torch.cuda.is_available()``).
+
+    Fresh processes because CUDA reads the variable once per process. They are forked from one
+    new Python process that imports torch once (3-4 CPU-seconds, instead of that per probe) and
+    never starts CUDA: a fork of it is as fresh for CUDA as a new interpreter (torch refuses CUDA
+    only in a fork of a process whose CUDA had started)."""
+    probes = []
     for label, (cuda_visible_devices, set_after_init) in settings.items():
         if set_after_init not in LATE_SETTINGS:
             raise ValueError(f"{label!r}: set_after_init must be one of {LATE_SETTINGS}")
-        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-        if not set_after_init and cuda_visible_devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
-        elif set_after_init:  # CUDA starts under our own setting; the child changes it afterwards
-            env.update({k: v for k, v in os.environ.items() if k == "CUDA_VISIBLE_DEVICES"})
-        value = "unset" if cuda_visible_devices is None else cuda_visible_devices
-        when = str(LATE_SETTINGS.index(set_after_init))
-        probes[label] = subprocess.Popen([sys.executable, "-c", _COUNT_GPUS, value, when],
-                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         text=True)
+        # A late probe's CUDA starts under our own setting; the probe changes it afterwards.
+        at_start = os.environ.get("CUDA_VISIBLE_DEVICES") if set_after_init else cuda_visible_devices
+        probes.append((at_start, cuda_visible_devices, set_after_init))
+    parent = subprocess.run([sys.executable, "-c", _PROBE_PARENT, json.dumps(probes)],
+                            capture_output=True, text=True, timeout=120)
+    if parent.returncode != 0:
+        raise RuntimeError(f"the CUDA_VISIBLE_DEVICES probes failed:\n{parent.stderr}")
     counts = {}
-    for label, probe in probes.items():
-        out, err = probe.communicate(timeout=120)
-        if probe.returncode != 0:
-            raise RuntimeError(f"the CUDA_VISIBLE_DEVICES probe {label!r} failed:\n{err}")
-        counts[label] = int(out.strip().splitlines()[-1])
+    for label, reply in zip(settings, json.loads(parent.stdout.strip().splitlines()[-1])):
+        if not reply.strip().isdigit():
+            raise RuntimeError(f"the CUDA_VISIBLE_DEVICES probe {label!r} failed:\n{reply}")
+        counts[label] = int(reply)
     return counts
 
 
