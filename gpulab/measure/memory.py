@@ -327,12 +327,24 @@ def train_step(model: GPT, optimizer, idx: torch.Tensor, targets: torch.Tensor,
     optimizer.zero_grad(set_to_none=True)
 
 
+def _create_optimizer_state(model: torch.nn.Module, optimizer) -> None:
+    """The optimizer's first update, on zero gradients: it creates the state a first training
+    step would (AdamW's moments and step counters, sized like the parameters) without running
+    that step's forward and backward."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def training_step_peak(config: GPTConfig, batch_size: int, seq_len: int,
                        dtype: torch.dtype = torch.float32, optimizer: str = "adamw",
                        checkpointing: bool | int = False, device=None, fake: bool = False,
                        record: bool = False, micro_batches: int = 1) -> MemoryPeak:
     """Measured peak of a steady-state training step of ``GPT(config)``: a first step creates the
-    optimizer's state, the second is measured. Everything alive at the peak counts: parameters,
+    optimizer's state, the second is measured (on a CPU or fake tensors the first is only the
+    optimizer's update on zero gradients: it leaves the same state, for half the work). Everything alive at the peak counts: parameters,
     buffers, optimizer state, the batch (``idx`` and ``targets``, int64), activations, gradients,
     temporaries. Returns a ``MemoryPeak``; ``.peak`` is the number in bytes. ``checkpointing``:
     False, True (every block) or k, segments of k blocks (``GPT``; chapter 05).
@@ -358,6 +370,9 @@ def training_step_peak(config: GPTConfig, batch_size: int, seq_len: int,
         def step():
             train_step(model, opt, idx, targets, micro_batches)
 
-        step()                                        # warm-up: creates optimizer state
+        if device.type == "cuda":
+            step()                 # warm-up: optimizer state, cuBLAS workspaces, cached blocks
+        else:
+            _create_optimizer_state(model, opt)   # all a warm-up leaves on a CPU or fake tensors
         return peak_memory(step, device, model=model, optimizer=opt, inputs=(idx, targets),
                            record=record)
