@@ -311,8 +311,8 @@ def test_largest_micro_batch_fits_and_one_more_does_not(ckpt, accumulating):
     budget = (peak(6) + peak(7)) / 2
     assert largest_micro_batch(budget, cfg, s, dtype, opt, ckpt, accumulating) == 6
     m = 2 if accumulating else 1                             # measure two micro-batches
-    fits = measured(cfg, 6 * m, s, dtype, opt, ckpt, micro_batches=m, fake=True)
-    too_big = measured(cfg, 7 * m, s, dtype, opt, ckpt, micro_batches=m, fake=True)
+    fits = measured(cfg, 6 * m, s, dtype, opt, ckpt, micro_batches=m)
+    too_big = measured(cfg, 7 * m, s, dtype, opt, ckpt, micro_batches=m)
     assert fits.peak <= budget < too_big.peak
     assert largest_micro_batch(peak(1) - 1, cfg, s, dtype, opt, ckpt, accumulating) == 0
     assert largest_micro_batch(peak(1), cfg, s, dtype, opt, ckpt, accumulating) == 1
