@@ -402,6 +402,10 @@ def test_grad_scaler_scale_is_what_loss_scale_after_predicts(seed):
     pattern = [rng.random() < 0.3 for _ in range(30)]
     rule = dict(init_scale=2.0 ** 10, growth_interval=3)
     assert P.grad_scaler_scale(pattern, **rule) == P.loss_scale_after(pattern, **rule)[0]
+
+
+def test_grad_scaler_scale_plays_quiz_9_with_the_defaults():
+    """Quiz 9's 5003 steps, once (about a second): 3 overflows, then two growths of 2000 clean steps."""
     assert P.grad_scaler_scale([True] * 3 + [False] * 5000) == 2.0 ** 15
 
 
