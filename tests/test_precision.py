@@ -405,8 +405,11 @@ def test_grad_scaler_scale_is_what_loss_scale_after_predicts(seed):
 
 
 def test_grad_scaler_scale_plays_quiz_9_with_the_defaults():
-    """Quiz 9's 5003 steps, once (about a second): 3 overflows, then two growths of 2000 clean steps."""
-    assert P.grad_scaler_scale([True] * 3 + [False] * 5000) == 2.0 ** 15
+    """Quiz 9's 5003 steps on torch.amp.GradScaler itself, once (about a second): 3 overflows,
+    then two growths of 2000 clean steps; the key's answer is that scale."""
+    from gpulab.course.checks import load_key_module
+    key = load_key_module(Path(__file__).resolve().parent.parent / "autograder" / "keys" / "04_mixed_precision.py")
+    assert P.grad_scaler_scale([True] * 3 + [False] * 5000) == 2.0 ** 15 == key["04-scale-after"].value
 
 
 # ------------------------------------------------------------------------------------------
