@@ -1,12 +1,13 @@
 """gpulab.parallel.dist: launch runs real gloo ranks, and every way a rank can fail ends the run quickly,
 names the rank, and leaves no process behind.
 
-The workers below run in spawned processes, which import this module by name (pytest puts
-tests/ on sys.path, and spawn hands sys.path to its children), so they must stay at top level.
-Each run of 2 ranks costs about 5 s on a 2-core CPU, mostly importing torch; hence few runs, each
-checking several things.
+The workers below run in ranks forked from launch's fork server, which import this module by
+name (pytest puts tests/ on sys.path, and multiprocessing hands sys.path to its children), so
+they must stay at top level. The server's start costs about 7 CPU-s once (torch, its compiler
+front end, FSDP); each later run of 2 ranks well under a second.
 """
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import re
 import signal
@@ -27,12 +28,14 @@ import gpulab.parallel.dist
 
 def sum_ranks(rank, world_size, scale):
     """all_reduce of the rank numbers: every rank ends with 0 + 1 + ... + (world_size - 1)."""
+    cpu_before_worker = time.process_time()   # a forked rank's clock starts at 0
     device = worker_device(rank)
     t = torch.tensor([float(rank)], device=device)
     dist.all_reduce(t)
     return {"rank": rank, "sum": t.item(), "tensor": scale * torch.arange(300_000.0) + rank,
             "backend": dist.get_backend(), "device": str(device),
-            "threads": torch.get_num_threads(),
+            "threads": torch.get_num_threads(), "cpu_before_worker": cpu_before_worker,
+            "probe": os.environ.get("GPULAB_LAUNCH_PROBE"), "bad_fork": torch.cuda._is_in_bad_fork(),
             "env": (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_PORT"])}
 
 
@@ -105,11 +108,17 @@ def failing_launch(how, tmp_path, **kwargs):
 
 # ----------------------------------------------------------------------------- tests
 
-def test_two_concurrent_launches_of_two_gloo_ranks():
+def test_two_concurrent_launches_of_two_gloo_ranks(monkeypatch):
     """The basic promise, twice at once: each rank runs, all_reduce sums across the ranks, results
     come back ordered by rank, tensors intact, with the torchrun-style environment set. The two
     launches run from threads (as two notebooks or parallel tests would) and do not collide,
-    because each picks its own free port rather than a fixed 29500."""
+    because each picks its own free port rather than a fixed 29500. The ranks are forked from
+    the fork server, torch already imported (they start with next to no CPU spent; a spawned
+    rank spends 3-4 s importing torch), and get the caller's environment of now, not the
+    server's from when it started."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(gpulab.parallel.dist.PRELOAD))
+    multiprocessing.forkserver.ensure_running()  # started before the variable below is set
+    monkeypatch.setenv("GPULAB_LAUNCH_PROBE", str(time.time()))
     ports = {free_port() for _ in range(5)}
     assert len(ports) >= 4 and all(1024 < p < 65536 for p in ports)
     out = {}
@@ -135,6 +144,9 @@ def test_two_concurrent_launches_of_two_gloo_ranks():
             assert (r["backend"], r["device"]) == ("gloo", "cpu")
             assert r["env"][:2] == (str(rank), "2")
             assert r["threads"] == int(os.environ.get("OMP_NUM_THREADS", 1))  # 2 cores, 2 ranks
+            assert r["probe"] == os.environ["GPULAB_LAUNCH_PROBE"]
+            # torch imported, not CUDA started, in the server (False on a CPU-only torch anyway)
+            assert r["cpu_before_worker"] < 1.5 and r["bad_fork"] is False
         assert results[0]["env"][2] == results[1]["env"][2]  # the ranks met on one port...
     assert out[1.0][0]["env"][2] != out[10.0][0]["env"][2]  # ...each launch on its own
     assert_all_gone()

@@ -3,7 +3,7 @@
 Each function here is a *worker*: ``gpulab.parallel.dist.launch(worker, n_ranks)`` runs it as
 ``worker(rank, world_size)`` in every process of a fresh process group (gloo on CPUs, NCCL on
 GPUs) and returns what each rank returned. They live in a module, not in the notebook, because
-a spawned process imports its worker by name.
+a rank imports its worker by name.
 
 Every rank r starts with a small tensor of its own, [10r, 10r + 1, ...], so that each result
 shows where its numbers came from.

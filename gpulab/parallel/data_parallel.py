@@ -9,7 +9,8 @@ starts each bucket's all-reduce while backward is still computing the rest (Li e
 "PyTorch Distributed", VLDB).
 
 The functions named as workers run inside ``gpulab.parallel.dist.launch``; ``train_one_process`` is the
-reference without any parallelism, for the same global batches. ``fsdp2_mixed_precision_step``
+reference without any parallelism, for the same global batches (``compare_modes`` runs it on
+rank 0, alone, after the parallel trainings). ``fsdp2_mixed_precision_step``
 is chapter 06's FSDP2 recipe (bf16 compute, fp32 reduction, accumulation without sync), which
 ``sharded_state`` runs after counting the shards.
 """
@@ -36,6 +37,7 @@ MODES = ("by hand, per tensor", "by hand, one bucket", "DDP")
 # DDP with a communication hook that all-reduces bf16 copies of the fp32 gradients: half the
 # bytes, but no longer equal to the one-process run (bf16 keeps 8 significant bits).
 COMPRESSED = "DDP, bf16 compression hook"
+ONE_PROCESS = "one process, whole batch"   # the reference: no parallelism at all
 
 
 def seeded_gpt(device) -> GPT:
@@ -141,10 +143,16 @@ def train(rank: int, world_size: int, mode: str, steps: int = 10, batch: int = 1
 
 
 def compare_modes(rank: int, world_size: int, steps: int = 10, batch: int = 16,
-                  seq_len: int = 64) -> dict[str, dict]:
-    """Worker: ``train`` in every mode, one after the other in the same process group."""
-    return {mode: train(rank, world_size, mode, steps, batch, seq_len)
-            for mode in MODES + (COMPRESSED,)}
+                  seq_len: int = 64) -> dict:
+    """Worker: ``train`` in every mode, one after the other in the same process group; then
+    rank 0 alone trains ``train_one_process``, the reference, under ONE_PROCESS (its parameters).
+    Here rather than in the notebook's kernel, whose first optimizer would import torch._dynamo
+    (2.5 CPU-s) that the ranks' fork server has already imported."""
+    results = {mode: train(rank, world_size, mode, steps, batch, seq_len)
+               for mode in MODES + (COMPRESSED,)}
+    if rank == 0:
+        results[ONE_PROCESS] = train_one_process(steps, batch, seq_len)
+    return results
 
 
 def train_one_process(steps: int = 10, batch: int = 16, seq_len: int = 64, lr: float = 0.05,
