@@ -79,3 +79,31 @@ def test_only_its_answer_cell_sets_an_answer(path):
         assert not assigned & set(answers.values()), f"{c.id} sets {assigned & set(answers.values())}"
         unguarded = {name for name in read & set(answers.values()) if f"{name} is ..." not in c.source}
         assert not unguarded, f"{c.id} reads {unguarded} without checking `is ...` first"
+
+
+@pytest.mark.parametrize("path", RELEASES, ids=lambda p: p.parent.name)
+def test_no_later_cell_needs_what_only_a_worked_answer_defines(path):
+    """A worked answer may name its steps (`per_param = 2 + 2 + 12`); the release's answer cell
+    is only `name = ...`, so a later cell that read such a step would raise NameError in the
+    untouched release (and for a learner who answered differently). Every name a later cell
+    reads is defined by a cell the release has, before it (or is a builtin)."""
+    import builtins
+    source = nbformat.read(ROOT / "solutions" / path.parent.name / path.name, as_version=4)
+    only_worked = set()
+    for cell in source.cells:
+        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
+            stub_name = cell.source.split("=")[0].strip()
+            only_worked |= _names(worked_answer(cell.source))[0] - {stub_name}
+    release = nbformat.read(path, as_version=4)
+    defined = set(dir(builtins)) | {"get_ipython", "display", "In", "Out"}
+    for cell in release.cells:
+        if cell.cell_type != "code":
+            continue
+        assigned, read = _names(cell.source)
+        assert not (read & only_worked) - defined - assigned, (
+            f"{cell.id} reads {sorted((read & only_worked) - defined - assigned)}, which only a worked answer defines")
+        defined |= assigned
+
+
+def worked_answer(source: str) -> str:
+    return source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
