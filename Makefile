@@ -37,10 +37,10 @@ lab: $(READY)
 	$(LAB_COMMAND) $(LAB_ARGS)
 
 # Unit tests, the nbgrader round trip, the browser tests and the book, on 2 workers. Each chapter
-# runs whole twice: its untouched release graded in the sandbox (tests/test_pipeline.py: Run All
-# must reach the last cell) and its solution built into the book with strict checks
-# (tests/test_book.py); chapter 08's release also runs top to bottom in JupyterLab
-# (tests/test_browser.py).
+# runs whole once: with the solution's worked answers, graded in the sandbox, experiments included
+# (tests/test_pipeline.py: Run All must reach the last cell and score full marks); the book build
+# executes chapter 08's page (tests/test_book.py; `make book` executes them all), and chapter
+# 08's untouched release also runs top to bottom in JupyterLab (tests/test_browser.py).
 # One thread per PyTorch process: two workers each running kernels with a thread per core would
 # oversubscribe the cores, and OpenMP's waiting threads then slow every step several-fold.
 test: $(READY) $(WORKSHOP_PROXY)

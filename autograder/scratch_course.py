@@ -34,15 +34,34 @@ def answers_replaced(release_nb: Path, answer_for) -> nbformat.NotebookNode:
     is left as it is.
     """
     nb = nbformat.read(release_nb, as_version=4)
+    for cell, item_id in _quiz_answer_cells(nb):
+        cell.source = f"{cell.source.split('=')[0].strip()} = {answer_for(item_id)!r}"
+    return nb
+
+
+def _quiz_answer_cells(nb: nbformat.NotebookNode) -> list[tuple[nbformat.NotebookNode, str]]:
+    """(answer cell, its item id) for each answer cell whose variable a test cell checks."""
     item_of = {}
     for cell in nb.cells:
         if match := re.match(r'check\("([^"]+)", (\w+)\)', cell.source):
             item_of[match.group(2)] = match.group(1)
-    for cell in nb.cells:
-        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
-            variable = cell.source.split("=")[0].strip()
-            if variable in item_of:
-                cell.source = f"{variable} = {answer_for(item_of[variable])!r}"
+    return [(cell, item_of[cell.source.split("=")[0].strip()]) for cell in nb.cells
+            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution")
+            and cell.source.split("=")[0].strip() in item_of]
+
+
+def worked_answers(release_nb: Path, solution_nb: Path) -> nbformat.NotebookNode:
+    """The release notebook with each quiz's answer cell set to the solution's worked answer (the
+    code between its solution markers), as a student who typed the worked answers would submit
+    it. Answer cells that no test cell checks (the learner's own predictions before an
+    experiment) are left unanswered, so the experiments also run as they do for a learner who
+    skipped a prediction."""
+    worked = {cell.id: cell.source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0].strip("\n")
+              for cell in nbformat.read(solution_nb, as_version=4).cells
+              if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution")}
+    nb = nbformat.read(release_nb, as_version=4)
+    for cell, _ in _quiz_answer_cells(nb):
+        cell.source = worked[cell.id]
     return nb
 
 

@@ -3,15 +3,18 @@
 release == committed notebooks/ byte for byte; the solutions score full marks, the untouched
 release zero, and typical wrong answers zero with their diagnostic in the feedback.
 
-What runs whole, in the grading sandbox: every chapter's untouched release, as a student who
-submits it without touching it. That is the release's Run All (each code cell runs, none but the
-unanswered quizzes' test cells fails), and it meets the sandbox's limits, its private /dev/shm and
-its network namespace with every experiment, ranks, DataLoader workers, probes in fresh processes
-and monitors included, as a class's notebooks do. The solver submits the key's right answers and
-the typical student its first typical slip, both without the experiments
-(scratch_course.without_experiments): answers are all that grading judges. Every solution runs
-whole, with its checks strict, in the book build (tests/test_book.py); chapter 08's release also
-runs top to bottom in JupyterLab (tests/test_browser.py).
+What runs whole, in the grading sandbox: every chapter as the solver submits it, the worked
+answers of the solution typed into the release's quiz cells and its own predictions left
+unanswered (scratch_course.worked_answers). That is each chapter's one whole run in `make test`:
+its Run All (every code cell runs, none raises), the worked answers judged against the key, and
+the experiments, ranks, DataLoader workers, probes in fresh processes and monitors included,
+within the sandbox's limits, its private /dev/shm and its network namespace, as a class's
+notebooks meet them. The untouched release and the typical student's first slip are graded
+without the experiments (scratch_course.without_experiments): answers are all that grading judges
+there. An untouched release's experiments read the learner's names only after `name is ...`
+(tests/test_notebooks.py checks every chapter), and chapter 08's release runs top to bottom,
+untouched, in JupyterLab (tests/test_browser.py). The book build executes one chapter
+(tests/test_book.py).
 
 The chapters are graded in two batches, one `make autograde` each (one per pytest worker): a
 batch pays for grade.py's start, its imports and the CSV export once, not once a chapter.
@@ -32,7 +35,7 @@ from gpulab.course.checks import SELFCHECK_FILE, encode_selfcheck, load_key_modu
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "autograder"))
-from scratch_course import answers_replaced, copy_course, without_experiments  # noqa: E402
+from scratch_course import answers_replaced, copy_course, without_experiments, worked_answers  # noqa: E402
 
 CHAPTERS = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
 STUDENTS = ("solver", "blank", "typical")
@@ -55,12 +58,14 @@ def submit(submitted: Path, chapter: str) -> None:
     release = ROOT / "notebooks" / chapter / notebook
     for student in STUDENTS:
         (submitted / student / chapter).mkdir(parents=True)
-    right = answers_replaced(release, lambda item_id: items[item_id].value)
+    right = worked_answers(release, ROOT / "solutions" / chapter / notebook)
     for cell in right.cells:       # a written answer, for the instructor to grade by hand
         if cell.cell_type == "markdown" and cell.metadata.get("nbgrader", {}).get("solution"):
             cell.source = "The solver's written answer."
-    nbformat.write(without_experiments(right), submitted / "solver" / chapter / notebook)
+    nbformat.write(right, submitted / "solver" / chapter / notebook)
     shutil.copytree(ROOT / "notebooks" / chapter, submitted / "blank" / chapter, dirs_exist_ok=True)
+    nbformat.write(without_experiments(nbformat.read(release, as_version=4)),
+                   submitted / "blank" / chapter / notebook)
     typical = answers_replaced(release, lambda item_id: items[item_id].mistakes[0].value)
     nbformat.write(without_experiments(typical), submitted / "typical" / chapter / notebook)
 
@@ -113,18 +118,20 @@ class RoundTrip:
             results = self.scores(graded[0], chapter, student)
             assert all(score == 0 for score, _ in results.values()), (student, results)
 
-    def test_untouched_release_runs_to_its_last_cell_in_the_sandbox(self, graded, chapter):
-        """Run All of the untouched release, graded: every code cell ran, and only the test
-        cells of the quizzes it left unanswered failed."""
+    def test_the_solvers_notebook_runs_to_its_last_cell_in_the_sandbox(self, graded, chapter):
+        """Run All of the chapter with its worked answers, graded, experiments included: every
+        code cell ran and none raised. The untouched release (its experiments left out) ran
+        every cell it kept, and only the test cells of the quizzes it left unanswered failed."""
         course, _ = graded
-        nb = nbformat.read(course / "autograder" / "autograded" / "blank" / chapter /
-                           f"{chapter}.ipynb", as_version=4)
-        code = [c for c in nb.cells if c.cell_type == "code"]
-        assert code and all(c.execution_count is not None for c in code), "stopped before the end"
-        failed = [(c.metadata.get("nbgrader", {}).get("grade_id", c.get("id")), o.ename, o.evalue)
-                  for c in code if not c.metadata.get("nbgrader", {}).get("grade")
-                  for o in c.outputs if o.output_type == "error"]
-        assert not failed, failed
+        for student, raising_allowed in (("solver", False), ("blank", True)):
+            nb = nbformat.read(course / "autograder" / "autograded" / student / chapter /
+                               f"{chapter}.ipynb", as_version=4)
+            code = [c for c in nb.cells if c.cell_type == "code"]
+            assert code and all(c.execution_count is not None for c in code), (student, "stopped before the end")
+            failed = [(c.metadata.get("nbgrader", {}).get("grade_id", c.get("id")), o.ename, o.evalue)
+                      for c in code if not (raising_allowed and c.metadata.get("nbgrader", {}).get("grade"))
+                      for o in c.outputs if o.output_type == "error"]
+            assert not failed, (student, failed)
 
     def test_feedback_names_the_mistake(self, graded, chapter):
         course, _ = graded
