@@ -65,17 +65,18 @@ def worked_answers(release_nb: Path, solution_nb: Path) -> nbformat.NotebookNode
     return nb
 
 
-def without_experiments(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """``nb`` with its experiments left out: the cells tagged `experiment` and every other
-    ungraded code cell after the first of them (the plots and summaries that use their results).
-    The setup cells before the first experiment, every markdown cell and every nbgrader cell
-    stay, so the answers and their checks run as in the whole notebook, in a fraction of the time.
-    """
-    kept, in_experiments = [], False
+def quizzes_only(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` as grading judges it: every markdown cell and every nbgrader cell (answers, their
+    checks, the written answer), and in place of the setup and experiment code only the import
+    of ``check``. A submission whose answers are all that is being tested is graded in a second
+    or two instead of the chapter's whole run (the solver's submission runs that)."""
+    kept, imported = [], False
     for cell in nb.cells:
-        in_experiments = in_experiments or "experiment" in cell.metadata.get("tags", [])
-        ungraded_code = cell.cell_type == "code" and not cell.metadata.get("nbgrader")
-        if not (in_experiments and ungraded_code):
-            kept.append(cell)
+        if cell.cell_type == "code" and not cell.metadata.get("nbgrader"):
+            if not imported:
+                cell.source, imported = "from gpulab.course.checks import check", True
+                kept.append(cell)
+            continue
+        kept.append(cell)
     nb.cells = kept
     return nb

@@ -9,8 +9,8 @@ unanswered (scratch_course.worked_answers). That is each chapter's one whole run
 its Run All (every code cell runs, none raises), the worked answers judged against the key, and
 the experiments, ranks, DataLoader workers, probes in fresh processes and monitors included,
 within the sandbox's limits, its private /dev/shm and its network namespace, as a class's
-notebooks meet them. The untouched release and the typical student's first slip are graded
-without the experiments (scratch_course.without_experiments): answers are all that grading judges
+notebooks meet them. The untouched release and the typical student's first slip are graded as
+their quiz cells alone (scratch_course.quizzes_only): answers are all that grading judges
 there. An untouched release's experiments read the learner's names only after `name is ...`
 (tests/test_notebooks.py checks every chapter), and chapter 08's release runs top to bottom,
 untouched, in JupyterLab (tests/test_browser.py). The book build executes one chapter
@@ -35,7 +35,7 @@ from gpulab.course.checks import SELFCHECK_FILE, encode_selfcheck, load_key_modu
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "autograder"))
-from scratch_course import answers_replaced, copy_course, without_experiments, worked_answers  # noqa: E402
+from scratch_course import answers_replaced, copy_course, quizzes_only, worked_answers  # noqa: E402
 
 CHAPTERS = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
 STUDENTS = ("solver", "blank", "typical")
@@ -64,10 +64,10 @@ def submit(submitted: Path, chapter: str) -> None:
             cell.source = "The solver's written answer."
     nbformat.write(right, submitted / "solver" / chapter / notebook)
     shutil.copytree(ROOT / "notebooks" / chapter, submitted / "blank" / chapter, dirs_exist_ok=True)
-    nbformat.write(without_experiments(nbformat.read(release, as_version=4)),
+    nbformat.write(quizzes_only(nbformat.read(release, as_version=4)),
                    submitted / "blank" / chapter / notebook)
     typical = answers_replaced(release, lambda item_id: items[item_id].mistakes[0].value)
-    nbformat.write(without_experiments(typical), submitted / "typical" / chapter / notebook)
+    nbformat.write(quizzes_only(typical), submitted / "typical" / chapter / notebook)
 
 
 class RoundTrip:
@@ -120,8 +120,8 @@ class RoundTrip:
 
     def test_the_solvers_notebook_runs_to_its_last_cell_in_the_sandbox(self, graded, chapter):
         """Run All of the chapter with its worked answers, graded, experiments included: every
-        code cell ran and none raised. The untouched release (its experiments left out) ran
-        every cell it kept, and only the test cells of the quizzes it left unanswered failed."""
+        code cell ran and none raised. The untouched release (its quiz cells) ran every cell,
+        and only the test cells of the quizzes it left unanswered failed."""
         course, _ = graded
         for student, raising_allowed in (("solver", False), ("blank", True)):
             nb = nbformat.read(course / "autograder" / "autograded" / student / chapter /
