@@ -45,9 +45,14 @@ def _quiz_answer_cells(nb: nbformat.NotebookNode) -> list[tuple[nbformat.Noteboo
     for cell in nb.cells:
         if match := re.match(r'check\("([^"]+)", (\w+)\)', cell.source):
             item_of[match.group(2)] = match.group(1)
-    return [(cell, item_of[cell.source.split("=")[0].strip()]) for cell in nb.cells
-            if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution")
-            and cell.source.split("=")[0].strip() in item_of]
+    answers = [(cell, cell.source.split("=")[0].strip()) for cell in nb.cells
+               if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution")]
+    return [(cell, item_of[variable]) for cell, variable in answers if variable in item_of]
+
+
+def worked_answer(source: str) -> str:
+    """A solution cell's worked answer: the code between its solution markers."""
+    return source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0].strip("\n")
 
 
 def worked_answers(release_nb: Path, solution_nb: Path) -> nbformat.NotebookNode:
@@ -56,8 +61,7 @@ def worked_answers(release_nb: Path, solution_nb: Path) -> nbformat.NotebookNode
     it. Answer cells that no test cell checks (the learner's own predictions before an
     experiment) are left unanswered, so the experiments also run as they do for a learner who
     skipped a prediction."""
-    worked = {cell.id: cell.source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0].strip("\n")
-              for cell in nbformat.read(solution_nb, as_version=4).cells
+    worked = {cell.id: worked_answer(cell.source) for cell in nbformat.read(solution_nb, as_version=4).cells
               if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution")}
     nb = nbformat.read(release_nb, as_version=4)
     for cell, _ in _quiz_answer_cells(nb):
@@ -73,10 +77,9 @@ def quizzes_only(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     kept, imported = [], False
     for cell in nb.cells:
         if cell.cell_type == "code" and not cell.metadata.get("nbgrader"):
-            if not imported:
-                cell.source, imported = "from gpulab.course.checks import check", True
-                kept.append(cell)
-            continue
+            if imported:
+                continue
+            cell.source, imported = "from gpulab.course.checks import check", True
         kept.append(cell)
     nb.cells = kept
     return nb

@@ -1,6 +1,7 @@
 """Static checks of the committed notebooks: nbgrader metadata, no outputs, nothing leaked."""
 import ast
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -8,6 +9,9 @@ import pytest
 from nbgrader.nbgraderformat import MetadataValidator
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "autograder"))
+from scratch_course import worked_answer  # noqa: E402
+
 SOURCES = sorted((ROOT / "solutions").glob("*/*.ipynb"))
 RELEASES = sorted((ROOT / "notebooks").glob("*/*.ipynb"))
 
@@ -42,7 +46,7 @@ def test_release_leaks_no_solution(path):
     for cell in source.cells:
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("solution") and cell.cell_type == "code":
-            worked = cell.source.split("### BEGIN SOLUTION")[1].split("### END SOLUTION")[0]
+            worked = worked_answer(cell.source)
             assert worked.strip() not in text, f"{meta['grade_id']}: worked answer shipped"
     assert not list(path.parent.glob("*.py")), "no answer key (or any code) in the release folder"
 
@@ -103,7 +107,3 @@ def test_no_later_cell_needs_what_only_a_worked_answer_defines(path):
         assert not (read & only_worked) - defined - assigned, (
             f"{cell.id} reads {sorted((read & only_worked) - defined - assigned)}, which only a worked answer defines")
         defined |= assigned
-
-
-def worked_answer(source: str) -> str:
-    return source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
