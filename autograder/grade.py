@@ -30,12 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing.connection import wait
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
 import intake
-from release import AUTOGRADER, chapters, course_seed, nbgrader, release
+from release import AUTOGRADER, chapters, course_seed, nbgrader, release, start_nbgrader
 from secure_grading import INTEGRITY_LOG, PROGRESS_LOG, printable, sandbox_warnings
 
 SUBMITTED = AUTOGRADER / "submitted"
@@ -114,19 +115,16 @@ class Run:
 
     def __init__(self, *args: str):
         self.log = tempfile.TemporaryFile(mode="w+")
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-        # nbgrader runs the `alembic` and `jupyter` commands by name: this venv's bin/ first.
-        self.process = subprocess.Popen([sys.executable, "-m", "nbgrader", *args, "--log-level=WARN"],
-                                        cwd=AUTOGRADER, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = start_nbgrader(*args, output=self.log.fileno())
 
     def finish(self) -> tuple[int, dict[str, str]]:
         """(exit status, {student: why} for each student nbgrader reported an error for)."""
-        status = self.process.wait()
+        self.process.join()
         self.log.seek(0)
         text = self.log.read()
         self.log.close()
         sys.stderr.write(text)
-        return status, _failures(text)
+        return self.process.exitcode, _failures(text)
 
 
 # nbgrader logs "There was an error processing assignment: <submission folder>", the traceback,
@@ -168,7 +166,7 @@ def autograde(chapter: str, jobs: int) -> dict[str, str]:
     running = [start(group) for group in groups]
     while running:
         progress.update()
-        for group, run in [(g, r) for g, r in running if r.process.poll() is not None]:
+        for group, run in [(g, r) for g, r in running if r.process.exitcode is not None]:
             running.remove((group, run))
             status, errors = run.finish()
             progress.update()
@@ -181,7 +179,8 @@ def autograde(chapter: str, jobs: int) -> dict[str, str]:
                     print(f"  {chapter}: grading {len(rest) - 1} submission(s) again, whose process "
                           "died", flush=True)
                     running.append(start(rest[1:]))
-        time.sleep(1)
+        if running:      # until one of them ends, or a second passes for the progress line
+            wait([run.process.sentinel for _, run in running], 1)
     progress.update()
     for student in sorted(set(students) - _graded(chapter) - set(failed)):
         failed[student] = "nbgrader graded no notebook of it"
@@ -259,6 +258,11 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.pop("GPULAB_ANSWER_KEYS", None)  # keys never reach a learner's kernel
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_kernel(args.jobs)))
+    if not args.feedback_only:
+        # Each autograde process imports the keys, and with them torch (about 3 CPU-s). Imported
+        # here once, it comes with every fork (start_nbgrader). Nothing runs on it here, so a
+        # fork of this process is as safe as one of a DataLoader's workers.
+        import torch  # noqa: F401
     integrity = AUTOGRADER / INTEGRITY_LOG
     if not args.feedback_only:
         for warning in sandbox_warnings():  # fails now, with the install command, if bwrap is missing

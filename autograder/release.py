@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
+import multiprocessing
 import os
 import re
 import subprocess
@@ -34,19 +36,44 @@ def chapters() -> list[str]:
     return sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit())
 
 
-def start_nbgrader(*args: str) -> subprocess.Popen:
-    """Start an nbgrader command with this course's config (it is read from the working folder)."""
+def _nbgrader_main(args: tuple[str, ...], output: int | None) -> None:
+    """The body of a forked nbgrader command (``start_nbgrader``)."""
+    os.chdir(AUTOGRADER)                 # nbgrader reads nbgrader_config.py from the working folder
     # nbgrader runs the `alembic` and `jupyter` commands by name: put this venv's bin/ first.
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.Popen([sys.executable, "-m", "nbgrader", *args, "--log-level=WARN"],
-                            cwd=AUTOGRADER, env=env)
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    if output is not None:
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+    from nbgrader.apps.nbgraderapp import NbGraderApp
+
+    try:
+        NbGraderApp.launch_instance(argv=[*args, "--log-level=WARN"])
+    finally:
+        # A forked process ends without the interpreter's shutdown (multiprocessing's os._exit):
+        # run what a `python -m nbgrader` would at its exit, e.g. a kernel manager's finalizer
+        # that removes the kernel's socket folder.
+        atexit._run_exitfuncs()
+
+
+def start_nbgrader(*args: str, output: int | None = None) -> multiprocessing.process.BaseProcess:
+    """Start ``nbgrader <args>`` with this course's config, its output to the file descriptor
+    ``output`` (default: this process's). In a process forked from this one, not a new
+    interpreter: nbgrader's imports (about 2 CPU-seconds) and the keys' (torch: about 3) are paid
+    once by the caller, not again by every command of a batch. It is a process of its own all
+    the same, as `python -m nbgrader` would be: one that crashes or exits hard ends alone, and
+    its ``exitcode`` says how (negative: the signal that killed it)."""
+    process = multiprocessing.get_context("fork").Process(target=_nbgrader_main, args=(args, output),
+                                                          name=f"nbgrader {args[0]}")
+    process.start()
+    return process
 
 
 def nbgrader(*args: str) -> None:
     """Run an nbgrader command to the end; CalledProcessError if it fails."""
     process = start_nbgrader(*args)
-    if process.wait() != 0:
-        raise subprocess.CalledProcessError(process.returncode, process.args)
+    process.join()
+    if process.exitcode != 0:
+        raise subprocess.CalledProcessError(process.exitcode, ["nbgrader", *args])
 
 
 def course_seed() -> str:
@@ -73,8 +100,8 @@ def release(chapter: str, release_dir: str, self_checks: bool) -> Path:
     key_file = KEYS / f"{chapter}.py"
     if self_checks:
         (out / SELFCHECK_FILE).write_text(encode_selfcheck(load_key_module(key_file)))
-    else:
-        add_question_cells(out / f"{chapter}.ipynb", import_key(key_file), course_seed(), chapter)
+    elif seed := course_seed():
+        add_question_cells(out / f"{chapter}.ipynb", import_key(key_file), seed, chapter)
     return out
 
 

@@ -409,8 +409,9 @@ HONEST = ("honest", "honest_with_files", "feedback_fails")   # no finding for th
 
 
 class MemoryWatch(threading.Thread):
-    """The highest peak resident memory (VmHWM) of any nbgrader autograde process running in
-    ``folder``, sampled five times a second: the grading process, outside every sandbox."""
+    """The highest peak resident memory (VmHWM) of any nbgrader process running in ``folder``
+    (grade.py forks them: release.start_nbgrader), sampled five times a second: the grading
+    process, outside every sandbox."""
 
     def __init__(self, folder: Path):
         super().__init__(daemon=True)
@@ -419,7 +420,7 @@ class MemoryWatch(threading.Thread):
     def run(self):
         while not self.stopped.wait(0.2):
             for pid, cmd in _processes().items():
-                if "nbgrader autograde" not in cmd:
+                if "autograder/grade.py" not in cmd:
                     continue
                 try:
                     if os.readlink(f"/proc/{pid}/cwd") != self.folder:
