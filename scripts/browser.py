@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -169,17 +170,44 @@ def jupyterlab(course: Path, log: Path | None = None):
 
 def _processes_naming(kernel_ids: set[str]) -> list[int]:
     """PIDs whose command line names one of these kernels (its connection file)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    return [pid for pid, cmdline in command_lines().items()
+            if any(kernel_id in cmdline for kernel_id in kernel_ids)]
+
+
+UNREADABLE = "(its command line could not be read)"
+
+
+def _read_command_lines(pids: list[int], found: dict[int, str]) -> None:
+    while pids:
         try:
-            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if any(kernel_id in cmdline for kernel_id in kernel_ids):
-            found.append(int(proc.name))
-    return found
+            pid = pids.pop()
+        except IndexError:                 # another reader took the last one
+            return
+        found[pid] = UNREADABLE            # so it stays while the read below waits
+        try:
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:                    # it ended
+            found.pop(pid, None)
+
+
+def command_lines(patience: float = 5.0) -> dict[int, str]:
+    """Every process's command line, by pid. A read of /proc/<pid>/cmdline waits for as long as
+    that process's memory map stays locked, and only SIGKILL ends that wait: a CI run hung for
+    over an hour in such a scan (tests/test_adversarial.py's test_no_process_outlives_grading).
+    So a thread reads them; when it has not moved on in ``patience`` seconds, the process it
+    waits on is left UNREADABLE and a new thread reads the rest."""
+    pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    found: dict[int, str] = {}
+    while pids:
+        reader = threading.Thread(target=_read_command_lines, args=(pids, found), daemon=True)
+        reader.start()
+        left = len(pids)
+        while reader.is_alive():
+            reader.join(patience)
+            if reader.is_alive() and len(pids) == left:
+                break                      # stuck on one process: the next reader takes the rest
+            left = len(pids)
+    return dict(found)
 
 
 # ------------------------------------------------------------------------------------------

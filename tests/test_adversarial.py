@@ -38,6 +38,7 @@ import hostile_submissions as hostile  # noqa: E402
 from graded_html import rendered_markdown, unsafe_html, unsafe_markdown, unsafe_svg  # noqa: E402
 from hostile_submissions import CHAPTER, SECOND, answered  # noqa: E402
 from test_browser import chromium  # noqa: E402,F401 (the browser tests' fixture, for the Formgrader's cases)
+import browser  # noqa: E402 (scripts/, put on the path by test_browser)
 MARKER = "gpulab-adversarial-marker"          # in the command line of any process a student starts
 RIGHT = {"a": 2048, "b": 0.25}
 
@@ -515,40 +516,7 @@ def run(course, script, *args, **env_vars):
     return result
 
 
-UNREADABLE = "(its command line could not be read)"
-
-
-def _read_command_lines(pids: list[int], found: dict[int, str]) -> None:
-    while pids:
-        try:
-            pid = pids.pop()
-        except IndexError:                 # another reader took the last one
-            return
-        found[pid] = UNREADABLE            # so it stays while the read below waits
-        try:
-            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:                    # it ended
-            found.pop(pid, None)
-
-
-def _processes(patience: float = 5.0) -> dict[int, str]:
-    """Every process's command line, by pid. A read of /proc/<pid>/cmdline waits for as long as
-    that process's memory map stays locked, and only SIGKILL ends that wait: a CI run hung here
-    for over an hour (test_no_process_outlives_grading, the 61st of this module's 77, ran and
-    never ended). So a thread reads them; when it has not moved on in ``patience`` seconds, the
-    process it waits on is left UNREADABLE and a new thread reads the rest."""
-    pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-    found: dict[int, str] = {}
-    while pids:
-        reader = threading.Thread(target=_read_command_lines, args=(pids, found), daemon=True)
-        reader.start()
-        left = len(pids)
-        while reader.is_alive():
-            reader.join(patience)
-            if reader.is_alive() and len(pids) == left:
-                break                      # stuck on one process: the next reader takes the rest
-            left = len(pids)
-    return dict(found)
+_processes = browser.command_lines      # every process's command line, by pid
 
 
 def autograded(course, student) -> nbformat.NotebookNode:
