@@ -63,13 +63,7 @@ else
     echo "setup: installing $torch_requirement"
     # Unquoted on purpose: TORCH may carry pip options, e.g. "torch==2.13.0 --index-url URL".
     # shellcheck disable=SC2086
-    "${pip[@]}" install --no-compile $torch_requirement
-    # pip byte-compiles torch's modules one at a time; compileall uses every core (47 s -> 35 s
-    # on 2 cores). The .pyc files are kept: a learner's kernel that cannot write them (a shared
-    # workshop venv) would compile what it imports at each start. Its status is not checked:
-    # torch ships a test file only Python 3.12 parses, which pip's compile skips as well.
-    "$venv/bin/python" -m compileall -q -j 0 \
-        "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+    "${pip[@]}" install --no-compile $torch_requirement    # compiled below, with the rest
     # Otherwise the course's own torch>=$min_torch would replace it with whatever PyPI has.
     torch_new_enough || { on_failure; die "TORCH=\"$torch_requirement\" installed torch $(torch_version); the course needs
       torch $min_torch or newer, e.g. TORCH=\"torch==$min_torch.0 --index-url https://download.pytorch.org/whl/cu126\""; }
@@ -80,14 +74,20 @@ echo "setup: installing the course and its tools"
 export DS_BUILD_OPS=0
 # uv fetches and installs the ~180 packages in parallel, several times faster than pip. It reads
 # no pip configuration (an index or mirror set in pip.conf), so where it cannot be had or cannot
-# install, pip does it. Bytecode is compiled now: the grading sandbox's kernels import from a
-# read-only venv and would otherwise compile every module at every start.
+# install, pip does it.
 if "${pip[@]}" install uv 2>/dev/null &&
-   "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" --compile-bytecode -e ".[test]"; then
+   "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" -e ".[test]"; then
     echo "setup: installed with uv"
 else
-    "${pip[@]}" install -e ".[test]"
+    "${pip[@]}" install --no-compile -e ".[test]"
 fi
+# Bytecode, once for everything, on every core: the grading sandbox's kernels (and a shared
+# workshop venv's) import from a venv they cannot write, and would compile each module they
+# import at every start. Not the packages' own tests, nor the ~400 model families transformers
+# ships (the course imports only its Trainer, which loads models.auto): 73 of the 252 MB of
+# source, so 108 -> about 77 CPU-s. Not checked: torch ships a test file only Python 3.12 parses.
+"$venv/bin/python" -m compileall -q -j 0 -x '/tests?/|/torch/testing/_internal/|/transformers/models/(?!auto/)[^/]+/' \
+    "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 # rfc3987-syntax (pulled in by jsonschema[format-nongpl]) builds ~35 Lark parsers when imported,
 # 1-3 s of CPU in every process that imports nbformat or starts a Jupyter server (each nbgrader
 # command, each JupyterLab). jsonschema uses it only for the "iri" formats, which no Jupyter or
