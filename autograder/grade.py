@@ -258,13 +258,12 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.pop("GPULAB_ANSWER_KEYS", None)  # keys never reach a learner's kernel
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_kernel(args.jobs)))
+    integrity = AUTOGRADER / INTEGRITY_LOG
     if not args.feedback_only:
         # Each autograde process imports the keys, and with them torch (about 3 CPU-s). Imported
         # here once, it comes with every fork (start_nbgrader). Nothing runs on it here, so a
         # fork of this process is as safe as one of a DataLoader's workers.
         import torch  # noqa: F401
-    integrity = AUTOGRADER / INTEGRITY_LOG
-    if not args.feedback_only:
         for warning in sandbox_warnings():  # fails now, with the install command, if bwrap is missing
             print(f"WARNING: {warning}")
         integrity.unlink(missing_ok=True)

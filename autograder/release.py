@@ -58,8 +58,8 @@ def _nbgrader_main(args: tuple[str, ...], output: int | None) -> None:
 def start_nbgrader(*args: str, output: int | None = None) -> multiprocessing.process.BaseProcess:
     """Start ``nbgrader <args>`` with this course's config, its output to the file descriptor
     ``output`` (default: this process's). In a process forked from this one, not a new
-    interpreter: nbgrader's imports (about 2 CPU-seconds) and the keys' (torch: about 3) are paid
-    once by the caller, not again by every command of a batch. It is a process of its own all
+    interpreter: nbgrader's imports (about 2 CPU-seconds), and whatever else the caller imported
+    (grade.py imports torch for the keys: about 3), are paid once, not again by every command. It is a process of its own all
     the same, as `python -m nbgrader` would be: one that crashes or exits hard ends alone, and
     its ``exitcode`` says how (negative: the signal that killed it)."""
     process = multiprocessing.get_context("fork").Process(target=_nbgrader_main, args=(args, output),

@@ -420,7 +420,7 @@ class MemoryWatch(threading.Thread):
 
     def run(self):
         while not self.stopped.wait(0.2):
-            for pid, cmd in _processes().items():
+            for pid, cmd in browser.command_lines().items():
                 if "autograder/grade.py" not in cmd:
                     continue
                 try:
@@ -487,7 +487,7 @@ def graded(machine):
     collect = nbgrader_command(course, "collect", CHAPTER, f"--Exchange.root={exchange}")
     zip_collect = nbgrader_command(course, "zip_collect", CHAPTER,
                                    f"--FileNameCollectorPlugin.named_regexp={hostile.ZIP_REGEXP}")
-    before = set(_processes())
+    before = set(browser.command_lines())
     memory = MemoryWatch(course / "autograder")
     memory.start()
     start = time.perf_counter()
@@ -514,9 +514,6 @@ def run(course, script, *args, **env_vars):
                             capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
-
-
-_processes = browser.command_lines      # every process's command line, by pid
 
 
 def autograded(course, student) -> nbformat.NotebookNode:
@@ -686,7 +683,7 @@ def test_findings_are_flagged_for_the_instructor(graded):
 
 def test_no_process_outlives_grading(graded):
     course, _, before, _ = graded
-    leftovers = {pid: cmd for pid, cmd in _processes().items()
+    leftovers = {pid: cmd for pid, cmd in browser.command_lines().items()
                  if pid not in before and (MARKER in cmd or str(course) in cmd)}
     assert not leftovers, leftovers
 
@@ -895,8 +892,6 @@ def test_the_instructor_opens_hostile_submissions_and_nothing_runs(graded, machi
     planted script runs (none marks the page) and no request names PWNED or reaches the
     server's API from the frame."""
     course, _, _, _ = graded
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import browser
     token = jupyter_token(machine)
     page = chromium.new_page(viewport=browser.VIEWPORT)
     suspicious = []
