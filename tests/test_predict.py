@@ -49,3 +49,22 @@ def test_without_a_formula_the_prediction_alone_is_compared():
 
 def test_five_digit_numbers_print_in_full():
     assert "measured 68,480" in line("bytes", 68_480, 68_480, None)
+
+
+def test_a_table_marks_only_the_rows_outside_their_tolerance_and_explains_them():
+    from gpulab.course.predict import Row, table
+    text = table([Row("all-reduce", 3, 3), Row("all-gather", 1, 1, mine=1),
+                  Row("broadcast", 2.0, 1.0, mine=1.0, tolerance=0.1, gap="a slow link")])
+    rows = text.splitlines()
+    assert rows[0].split() == ["yours", "formula", "measured", "ratio"]
+    assert rows[1].split() == ["all-reduce", "-", "3", "3", "1.000"]
+    assert rows[3].split()[-2:] == ["2.000", "◀"] and "◀" not in rows[1] + rows[2]
+    assert "◀ broadcast: off by more than ±10%: a slow link" in text
+    assert "ratio = measured / your prediction" in text and "none yet" not in text
+
+
+def test_a_table_without_predictions_says_so_once_and_that_all_agree():
+    from gpulab.course.predict import Row, table
+    text = table([Row(f"collective {i}", 3, 3) for i in range(12)])
+    assert len(text.splitlines()) == 1 + 12 + 2
+    assert text.count("No prediction of yours yet") == 1 and "Every row is within its tolerance." in text
