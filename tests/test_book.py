@@ -86,6 +86,58 @@ def test_no_page_shows_grading_plumbing(site):
             assert marker not in text, f"{page.relative_to(site)} shows {marker!r}"
 
 
+def test_collapsed_blocks_become_closed_dropdowns():
+    """A markdown cell that is one "Going deeper" or "Why" block, or the glossary's box, becomes a
+    closed sphinx-design dropdown titled by its summary, its markdown intact (a fence inside is
+    shorter than the dropdown's; a title may hold inline code, which a backtick fence's info string
+    may not); anything else stays as it is."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from build_book import as_dropdown
+
+    body = "Some *text* and $x$.\n\n$$ t = \\alpha $$\n\n```python\nprint(1)\n```\n\n::::{note}\nnested\n::::"
+    cell = nbformat.v4.new_markdown_cell(
+        f'<details class="going-deeper"><summary>Going deeper: `cudaMemcpy` and $\\alpha$</summary>\n\n{body}\n\n</details>\n')
+    assert as_dropdown(cell) == (":::::{dropdown} Going deeper: `cudaMemcpy` and $\\alpha$\n"
+                                 f":class-container: going-deeper\n\n{body}\n:::::")
+    why = nbformat.v4.new_markdown_cell('<details class="why"><summary>Why (open it after you have checked your '
+                                        'answer)</summary>\n\nBecause.\n\n</details>')
+    assert as_dropdown(why) == ":::{dropdown} Why (open it after you have checked your answer)\n:class-container: why\n\nBecause.\n:::"
+    box = nbformat.v4.new_markdown_cell("<details><summary>Words this chapter uses</summary>\n\n- **SM**: ...\n\n"
+                                        "[the glossary](../../book/glossary.md).\n\n</details>")
+    box.id = "words-this-chapter-uses"
+    assert as_dropdown(box) == (":::{dropdown} Words this chapter uses\n:class-container: words-this-chapter-uses\n\n"
+                                "- **SM**: ...\n\n[the glossary](../glossary.md).\n:::")
+    for source in ('<details><summary>Anything</summary>\n\nx\n\n</details>',          # no class of ours
+                   'Prose first.\n\n<details class="why"><summary>Why</summary>\n\nx\n\n</details>',
+                   '<details class="why"><summary>Why</summary>\n\nx\n\n</details>\n\nProse after.',
+                   '<details class="why"><summary>A</summary>\n\nx\n\n</details>\n'
+                   '<details class="why"><summary>B</summary>\n\ny\n\n</details>'):
+        assert as_dropdown(nbformat.v4.new_markdown_cell(source)) is None, source
+
+
+def _collapsed_cells(chapter: str) -> list[tuple[str, str]]:
+    """(class, title) of each cell of a chapter that the book turns into a dropdown."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from build_book import DETAILS_CELL, as_dropdown
+
+    nb = nbformat.read(ROOT / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and as_dropdown(cell):
+            kind = "words-this-chapter-uses" if cell.id == "words-this-chapter-uses" else DETAILS_CELL.match(cell.source)["kind"]
+            found.append((kind, DETAILS_CELL.match(cell.source)["title"].strip()))
+    return found
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_collapsed_block_is_a_closed_dropdown_on_its_page(site, chapter):
+    html = (site / "chapters" / f"{chapter}.html").read_text()
+    shown = re.findall(r'<details class="sd-sphinx-override sd-dropdown[^"]*? (going-deeper|why|words-this-chapter-uses)"([^>]*)>', html)
+    expected = _collapsed_cells(chapter)
+    assert [kind for kind, _ in shown] == [kind for kind, _ in expected]
+    assert all("open" not in attributes for _, attributes in shown), "a dropdown open by default"
+
+
 def test_internal_links_resolve(site):
     checked = 0
     for page in pages(site):
