@@ -227,7 +227,8 @@ def rendered(site: Path, chromium, name: str) -> dict:
         page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
                                timeout=20_000)
         page.evaluate("() => MathJax.startup.promise.then(() => true)")   # first typesetting
-    report = {"formulas": formulas, "typeset": page.locator(".math mjx-container svg").count(),
+    # One MathJax container per formula (an \underbrace nests an svg in the formula's svg).
+    report = {"formulas": formulas, "typeset": page.locator(".math mjx-container").count(),
               "searches": sum(e.is_visible() for e in page.locator(
                   "input[type=search], .search-button-field, .search-button").all())}
     report |= page.evaluate(RENDER_PROBE)
