@@ -61,8 +61,8 @@ QUESTIONS = {
     "ch01-md-09": "### Quiz 1: how many warps can {gpu[short]} keep in flight?\n\n{gpu[name]} has {gpu[sms]} "
                   "SMs; each SM holds at most {gpu[threads]} resident threads; a warp is {gpu[warp]} "
                   "threads.\nHow many warps can the whole GPU keep resident at once?",
-    "ch01-md-10": "### Quiz 2: reading every weight once\n\nGenerating one token with a large language model "
-                  "reads every weight from HBM once. At small\nbatch sizes that read takes most of the "
+    "ch01-md-10": "### Quiz 2: reading every weight once\n\nGenerating one *token* (a word or a piece of a word) "
+                  "with a large language model reads every\nweight from HBM once. At small\nbatch sizes that read takes most of the "
                   "step's time. {decode_model[text]} model is stored in\n*bfloat16*, a 16-bit number "
                   "format (2 bytes per parameter; section 3). The H200's HBM3e delivers\n4.8 TB/s "
                   "(datasheet). How many **milliseconds** does one full read of the weights take, at\n"
