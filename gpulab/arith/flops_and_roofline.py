@@ -97,8 +97,8 @@ def mfu(tokens_per_second: float, flops_per_token: float, peak_flops_per_second:
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     """FLOPs per byte moved to or from memory: flops / bytes_moved.
 
-    For a bf16 [B, D] x [D, F] matmul it is 2·B·D·F / (2·(B·D + D·F + B·F)), about B when
-    B ≪ D, F. Source: Williams, Waterman, Patterson 2009, "Roofline" (operational intensity);
+    For a bf16 [m, k] x [k, n] matmul it is 2·m·k·n / (2·(m·k + k·n + m·n)), about m when
+    m ≪ k, n. Source: Williams, Waterman, Patterson 2009, "Roofline" (operational intensity);
     formulas.md, "Roofline". Chapter 03, "The roofline".
     """
     _positive(flops=flops, bytes_moved=bytes_moved)
