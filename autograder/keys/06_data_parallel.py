@@ -132,6 +132,22 @@ def fewest_gpus(n_params, budget, bytes_per_param=16):
     return math.ceil(n_params * bytes_per_param / budget)
 
 
+def zero3_budget_slips(n_params: float, budget_gb: float) -> tuple[Mistake, ...]:
+    """Quiz 11's two slips on the budget: rounding the GPU count down, and reading the budget
+    as GiB (2^30 bytes, 7% more, so fewer GPUs). Where both give the same count, one message
+    names both; where they differ, each value gets its own."""
+    rounded_down = math.floor(n_params * 16 / (budget_gb * GB))
+    in_gib = math.ceil(n_params * 16 / (budget_gb * 2**30))
+    round_up = (f"with fewer GPUs than 16·Ψ / {budget_gb} GB each shard is over budget, so "
+                "round up")
+    gib = (f"{budget_gb} GB is {budget_gb} × 10⁹ bytes, not {budget_gb} GiB (2³⁰ bytes each, "
+           "7% more)")
+    if in_gib == rounded_down:
+        return (Mistake(rounded_down, f"{round_up}; or {gib}."),)
+    return (Mistake(rounded_down, f"{round_up}."),
+            Mistake(in_gib, f"{gib}: a GiB budget is larger and needs fewer GPUs."))
+
+
 def items(p: dict) -> list[Item]:
     """The key for the numbers ``p`` (canonical: the chapter's own)."""
     PSI_7B, GPUS_8 = p["psi"]["n"], p["nvlink_gpus"]
@@ -236,12 +252,10 @@ def items(p: dict) -> list[Item]:
             Mistake(zero_gb(ZERO2_GPUS, 0), "that is plain data parallelism (16 bytes per parameter on "
                                         "every GPU); ZeRO-2 shards gradients and optimizer states."),
         )),
-        # Quiz 11
+        # Quiz 11: rounding down and reading the budget as GiB are two slips; on the small
+        # models they give the same number, on 175B they do not (58 vs 62 at 45 GB).
         Item("06-zero3-gpus", fewest_gpus(PSI_70B, BUDGET), "GPUs", mistakes=(
-            Mistake(math.floor(PSI_70B * 16 / BUDGET), f"round up (and {p['budget_gb']} GB is {p['budget_gb']} × 10⁹ bytes, "
-                                                       f"not {p['budget_gb']} GiB): with fewer GPUs than "
-                                                       f"16·Ψ / {p['budget_gb']} GB "
-                                                       "each shard is over budget."),
+            *zero3_budget_slips(PSI_70B, p["budget_gb"]),
             Mistake(fewest_gpus(PSI_70B, BUDGET, 12), "12 bytes per parameter is the optimizer state "
                                                       "alone; ZeRO-3 shards all 16 (weights, "
                                                       "gradients and optimizer state)."),
