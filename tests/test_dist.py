@@ -260,6 +260,18 @@ def test_one_gpu_host_two_ranks_stay_on_the_cpu(monkeypatch):
         assert recipe["gradients before the last micro-batch"] == 0
         assert recipe["gradients after it"] == recipe["parameter tensors"]
         assert recipe["block sharded after forward"] and not recipe["root sharded after forward"]
+        # Issue 36, erratum 13: skipping the gradient sync skips only the reduce-scatter (one
+        # per unit, in the last micro-batch); every micro-batch still all-gathers every unit in
+        # forward and every block again in backward, unless set_reshard_after_backward(False)
+        # keeps them gathered: then only the blocks' backward re-gathers remain after the first.
+        units, blocks = recipe["units"], recipe["units"] - 1
+        assert recipe["reduce-scatters"] == [0, 0, 0, units]
+        assert recipe["all-gathers"] == [units + blocks] * 4
+        kept = state["fsdp2 recipe, kept gathered"]
+        assert kept["reduce-scatters"] == [0, 0, 0, units]
+        assert kept["all-gathers"] == [units + blocks] + [blocks] * 3
+        assert kept["gradient sum of this rank's shards"] == pytest.approx(
+            recipe["gradient sum of this rank's shards"], rel=1e-6)
     assert sum(state["zero_adam_state"] for state, _ in results) == 2 * psi
 
 
