@@ -237,6 +237,30 @@ def fsdp2_mixed_precision_step(inputs: torch.Tensor, targets: torch.Tensor, mesh
     return seen
 
 
+def save_sharded(model, optimizer, folder) -> None:
+    """Save an FSDP2 model and its optimizer: every rank writes its own shards, in parallel, to
+    ``folder`` (torch.distributed.checkpoint). ``get_state_dict`` names each tensor as in the
+    unsharded model, so the checkpoint loads on any number of ranks. Chapter 06, section 7."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+
+
+def load_sharded(model, optimizer, folder) -> None:
+    """The other way: each rank reads the shards it holds from ``folder`` into ``model`` (already
+    sharded with ``fully_shard``) and ``optimizer``, in place."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=folder)                  # fills the tensors in place
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+
+
 def next_token_batch(rows: int, seq_len: int, seed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Random token sequences as (inputs, targets), each target the token after its input, as
     a language model trains: ``rows`` sequences of ``seq_len`` tokens, seeded."""
