@@ -64,48 +64,59 @@ PARAMS = {
     "budget_gb": Param(60, (45, 60, 75)),
 }
 QUESTIONS = {
-    "ch06-md-06": "### Quiz 1: what reduce-scatter leaves on rank 1\n\nTwo ranks: rank 0 holds [{pieces[a0]}, "
-                  "{pieces[a1]}], rank 1 holds [{pieces[b0]}, {pieces[b1]}]. After a reduce-scatter with sum, "
-                  "what\nsingle number does rank 1 hold?",
-    "ch06-md-08": "### Quiz 2: all-reducing a {psi[name]} model's gradients\n\nA {psi[name]}-parameter model "
-                  "(Ψ = {psi[text]}) is held in bf16 with fp32 master weights in the optimizer\n(chapter 04), "
-                  "and its bf16 gradients are all-reduced as they are, in bf16. How many **ms** does a\nring "
-                  "all-reduce of them take on {nvlink_gpus} H100s connected by NVLink 4 at 450 GB/s per "
-                  "direction\n(ignore latency)?",
-    "ch06-md-quiz-autocast": "### Quiz 3: the same gradients under torch.autocast\n\nThe same {psi[name]} model "
-                  "is now trained with `torch.autocast(dtype=torch.bfloat16)` and plain\n"
-                  "`DistributedDataParallel` (no communication hook), on the same {nvlink_gpus} H100s. How "
-                  "many **ms** does the\ngradient all-reduce take? (Chapter 04: under autocast, what dtype "
-                  "do the parameters keep, and so\ntheir gradients?)",
-    "ch06-md-09": "### Quiz 4: from a measurement to bus bandwidth\n\nnccl-tests reports an all-reduce of 1 GB "
-                  "(10⁹ bytes) across {busbw_ranks} GPUs in {busbw_ms} ms. What is the bus\nbandwidth in "
-                  "**GB/s**?",
-    "ch06-md-10": "### Quiz 5: gathering the parameters\n\nUnder ZeRO-3 (section 5) each GPU holds "
-                  "1/{nvlink_gpus} of the bf16 parameters of the same {psi[name]} model and must\nall-gather "
-                  "the full set before computing. How many **ms** does one all-gather take on the same\n"
-                  "NVLink (450 GB/s per direction, {nvlink_gpus} GPUs)?",
-    "ch06-md-18": "### Quiz 6: compute plus exposed communication\n\nA step computes for {step[compute]} ms, of "
-                  "which backward is {step[backward]} ms. The gradient all-reduce takes {step[comm]} ms, "
-                  "and\nDDP overlaps it with backward. How many **ms** does the step take?",
-    "ch06-md-19": "### Quiz 7: the smallest per-GPU batch that hides the all-reduce\n\n{ranks[n]} GPUs, one per "
-                  "node, each node with one {nic[gbit]} Gb/s InfiniBand NIC, so B = {nic[gbytes]} GB/s per GPU; "
-                  "each\nGPU achieves F = {flops_t} × 10¹² FLOP/s; bf16 gradients (p = 2). How many "
-                  "**tokens** per GPU per step\nmake the backward pass as long as the all-reduce?",
-    "ch06-md-quiz-remedy": "### Quiz 9: which change helps? (reasoning)\n\nThe run of Quizzes 7 and 8, "
-                  "{ranks[n]} GPUs with one {nic[gbytes]} GB/s NIC each, trains on one sequence of 2048\ntokens "
-                  "per GPU per optimizer step, and its exposed all-reduce takes most of each step. Which one"
-                  "\nchange cuts the share of each step spent waiting on communication the most? Answer with "
-                  "the\nletter as a string, e.g. `\"a\"`.\n\n- (a) {ranks[doubled]} GPUs, still 2048 tokens "
-                  "per GPU per step;\n- (b) ZeRO stage 2 instead of plain DDP;\n- (c) gradient accumulation "
-                  "over 4 micro-batches of 2048 tokens per step, the first three\n  backward passes inside "
-                  "DDP's `model.no_sync()`;\n- (d) the same accumulation over 4 micro-batches, without "
-                  "`no_sync()`.",
-    "ch06-md-25": "### Quiz 10: ZeRO-2 on {zero2_gpus} GPUs\n\nThe same 7.5B model (mixed-precision Adam, "
-                  "K = 12) on {zero2_gpus} GPUs under ZeRO stage 2: how many **GB**\nof model state per GPU?",
-    "ch06-md-26": "### Quiz 11: how many GPUs for a {big[name]} model under ZeRO-3?\n\nA {big[name]} model, "
-                  "mixed-precision Adam (16 bytes per parameter), ZeRO stage 3. You allow at most\n"
-                  "{budget_gb} GB of model state per GPU (the rest is for activations). What is the fewest "
-                  "GPUs?",
+    'ch06-md-06': '### Quiz 1: what reduce-scatter leaves on rank 1\n\nTwo ranks: rank 0 holds '
+                  '[{pieces[a0]}, {pieces[a1]}], rank 1 holds [{pieces[b0]}, {pieces[b1]}]. After a '
+                  'reduce-scatter with sum, what\nsingle number does rank 1 hold? (The next cell '
+                  'runs it; answer first.)',
+    'ch06-md-08': "### Quiz 2: all-reducing a {psi[name]} model's gradients\n\nA "
+                  '{psi[name]}-parameter model ($\\Psi$ = {psi[text]}) is held in bf16, with fp32 '
+                  'master weights in the\noptimizer (chapter 04). Its bf16 gradients are '
+                  'all-reduced as they are, in bf16. How many **ms**\ndoes a ring all-reduce of '
+                  'them take on {nvlink_gpus} H100s connected by NVLink 4, at 450 GB/s per '
+                  'direction?\nIgnore latency.',
+    'ch06-md-quiz-autocast': '### Quiz 3: the same gradients under torch.autocast\n\nThe same '
+                             '{psi[name]} model is now trained with '
+                             '`torch.autocast(dtype=torch.bfloat16)` and '
+                             'plain\n`DistributedDataParallel`, with no *communication hook* (a '
+                             'function that changes what DDP\nsends), on the same {nvlink_gpus} '
+                             'H100s. How many **ms** does\nthe gradient all-reduce take? (Chapter '
+                             '04: under autocast, what dtype do the parameters keep, and\nso their '
+                             'gradients?)',
+    'ch06-md-09': '### Quiz 4: from a measurement to bus bandwidth\n\nnccl-tests reports an '
+                  'all-reduce of 1 GB ($10^9$ bytes) across {busbw_ranks} GPUs in {busbw_ms} ms. '
+                  'What is the bus\nbandwidth in **GB/s**?',
+    'ch06-md-10': '### Quiz 5: gathering the parameters\n\nUnder *ZeRO-3*, which section 5 '
+                  'explains, each GPU keeps only a slice of the parameters: 1/{nvlink_gpus} of\nthe '
+                  'bf16 parameters of the same {psi[name]} model. Before computing, it must '
+                  'all-gather the full set. How\nmany **ms** does one all-gather take on the same '
+                  'NVLink (450 GB/s per direction, {nvlink_gpus} GPUs)?',
+    'ch06-md-18': '### Quiz 6: compute plus exposed communication\n\nA step computes for '
+                  '{step[compute]} ms, of which backward is {step[backward]} ms. The gradient '
+                  'all-reduce takes {step[comm]} ms, and\nDDP overlaps it with backward. How many '
+                  '**ms** does the step take?',
+    'ch06-md-19': '### Quiz 7: the smallest per-GPU batch that hides the all-reduce\n\n{ranks[n]} '
+                  'GPUs, one per server, each server with one {nic[gbit]} Gb/s InfiniBand NIC, so '
+                  '$B$ = {nic[gbytes]} GB/s per GPU.\nEach GPU achieves $F$ = {flops_t} × 10¹² '
+                  'FLOP/s, and the gradients are bf16 ($q = 2$). How many\n**tokens** per GPU per '
+                  'step make the backward pass as long as the all-reduce?',
+    'ch06-md-quiz-remedy': '### Quiz 9: which change helps? (reasoning)\n\nThe run of Quizzes 7 and '
+                           '8, {ranks[n]} GPUs with one {nic[gbytes]} GB/s NIC each, trains on one '
+                           'sequence of 2048\ntokens per GPU per optimizer step. Its exposed '
+                           'all-reduce takes most of each step. Which one\nchange cuts the share of '
+                           'each step spent waiting on communication the most? Answer with '
+                           'the\nletter as a string, e.g. `"a"`.\n\n- (a) {ranks[doubled]} GPUs, '
+                           'still 2048 tokens per GPU per step;\n- (b) ZeRO stage 2 instead of '
+                           'plain DDP;\n- (c) gradient accumulation over 4 micro-batches of 2048 '
+                           "tokens per step, the first three\n  backward passes inside DDP's "
+                           '`model.no_sync()`;\n- (d) the same accumulation over 4 micro-batches, '
+                           'without `no_sync()`.',
+    'ch06-md-25': '### Quiz 10: ZeRO-2 on {zero2_gpus} GPUs\n\nThe same 7.5B model (mixed-precision '
+                  'Adam, $K = 12$) runs on {zero2_gpus} GPUs under ZeRO stage 2. How many\n**GB** '
+                  'of model state does each GPU hold?',
+    'ch06-md-26': '### Quiz 11: how many GPUs for a {big[name]} model under ZeRO-3?\n\nA '
+                  '{big[name]} model is trained with mixed-precision Adam (16 bytes per parameter) '
+                  'under ZeRO stage 3. You\nallow at most {budget_gb} GB of model state per GPU; '
+                  'the rest is for activations. What is the fewest\nGPUs?',
 }
 # Quiz 9 is a choice whose answer no number changes; Quiz 12 is the ZeRO paper's own setting
 # (7.5B on 64 GPUs, whose 3Ψ the prose quotes); Quiz 13 is the schedule an experiment runs;
@@ -246,7 +257,7 @@ def items(p: dict) -> list[Item]:
         # Quiz 10
         Item("06-zero2-gb", zero_gb(ZERO2_GPUS, 2), "GB", rel_tol=0.01, mistakes=(
             Mistake(zero_gb(ZERO2_GPUS, 1), "that is stage 1 (only the optimizer states sharded); "
-                                        "stage 2 shards the gradients too: 2Ψ + 14Ψ/N."),
+                                        "stage 2 shards the gradients too: 2Ψ + 14Ψ/n."),
             Mistake(zero_gb(ZERO2_GPUS, 3), "that is stage 3 (parameters sharded too); stage 2 keeps "
                                         "the full bf16 parameters on every GPU."),
             Mistake(zero_gb(ZERO2_GPUS, 0), "that is plain data parallelism (16 bytes per parameter on "

@@ -17,8 +17,10 @@ is chapter 06's FSDP2 recipe (bf16 compute, fp32 reduction, accumulation without
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -169,6 +171,18 @@ def train_one_process(steps: int = 10, batch: int = 16, seq_len: int = 64, lr: f
     return _flat_params(model)
 
 
+@contextlib.contextmanager
+def harmless_fsdp2_warnings_silenced():
+    """Two UserWarnings these workers would print on every rank, silenced inside this block only.
+    The GPT's logits are a view of the head's output, which FSDP2 flags in case something modifies
+    them in place (nothing here does); CommDebugMode's module tracker registers full backward
+    hooks on modules whose inputs need no gradient (token ids), which torch notes in backward."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+        warnings.filterwarnings("ignore", message=r"Full backward hook is firing")
+        yield
+
+
 def fsdp2_mixed_precision_step(inputs: torch.Tensor, targets: torch.Tensor, mesh,
                                micro_batches: int = 4, keep_gathered: bool = False) -> dict:
     """One optimizer step of FSDP2 with bf16 compute, fp32 gradient reduction and accumulation
@@ -190,6 +204,11 @@ def fsdp2_mixed_precision_step(inputs: torch.Tensor, targets: torch.Tensor, mesh
     all-gathers; ``FSDPModule.set_reshard_after_backward``, torch 2.13). The collectives of each
     micro-batch are counted with ``torch.distributed.tensor.debug.CommDebugMode``.
     Returns what each rank saw."""
+    with harmless_fsdp2_warnings_silenced():
+        return _fsdp2_step(inputs, targets, mesh, micro_batches, keep_gathered)
+
+
+def _fsdp2_step(inputs, targets, mesh, micro_batches: int, keep_gathered: bool) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
@@ -293,7 +312,8 @@ def sharded_state(rank: int, world_size: int) -> dict:
         fully_shard(block, mesh=mesh)
     fully_shard(sharded, mesh=mesh)
     local = sum(p.to_local().numel() for p in sharded.parameters())
-    sharded(x, y)[1].backward()        # forward and backward gather and re-shard each unit
+    with harmless_fsdp2_warnings_silenced():
+        sharded(x, y)[1].backward()    # forward and backward gather and re-shard each unit
     batch = next_token_batch(4, 16, seed=100 + rank, device=device)
     return {"params": GPT.count_params(CONFIG), "zero_adam_state": state, "fsdp_params": local,
             "fsdp2 recipe": fsdp2_mixed_precision_step(*batch, mesh),
