@@ -43,9 +43,9 @@ def model_vs_measured(device) -> tuple[float, float]:
     cores = pipeline.usable_cores()
     rounds = pipeline.calibrate_rounds(0.0025)
     load = pipeline.load_seconds(pipeline.LatencyDataset(40, SAMPLE_LATENCY), BATCH, batches=3)
-    decoding = pipeline.DecodeDataset(24 * BATCH, rounds)
-    decode_load = pipeline.worker_load_seconds(decoding, BATCH)
-    free = pipeline.free_cores(decoding, BATCH, cores)
+    decoding = pipeline.DecodeDataset(48 * BATCH, rounds)
+    decode_load = pipeline.worker_load_seconds(decoding, BATCH, batches=16)
+    free = pipeline.free_cores(decoding, BATCH, cores, batches=16)
     handover = pipeline.handover_seconds(pipeline.LatencyDataset(16 * BATCH, 0.0), BATCH)
     print(f"1. step-time model vs measured (load {load * 1e3:.1f} ms per batch of {BATCH}, "
           f"{decode_load * 1e3:.1f} ms decoding in a worker; hand-over {handover * 1e3:.2f} ms; "
