@@ -376,33 +376,32 @@ def missing_rank_at_barrier(timeout_seconds: float = 1.0) -> tuple[float, str, s
 def recorded_error(error: Exception) -> dict:
     """What torchrun's ``@record`` writes when the function it decorates raises ``error``: the
     JSON error file (``TORCHELASTIC_ERROR_FILE``, which torchrun sets for each rank and reads
-    to print the first failure), here in a temporary folder of its own. The error is raised,
-    recorded and caught; the environment is left as it was."""
+    to print the first failure), here in a temporary folder of its own, removed afterwards. The
+    error is raised, recorded and caught; the environment is left as it was."""
     import json
     import os
     import tempfile
 
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    path = os.path.join(tempfile.mkdtemp(prefix="gpulab-ch08-"), "error.json")
-    before = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    os.environ["TORCHELASTIC_ERROR_FILE"] = path
-
     @record
     def main():
         raise error
 
-    try:
-        main()
-    except type(error):
-        pass
-    finally:
-        if before is None:
-            del os.environ["TORCHELASTIC_ERROR_FILE"]
-        else:
-            os.environ["TORCHELASTIC_ERROR_FILE"] = before
-    with open(path) as file:
-        return json.load(file)
+    before = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    with tempfile.TemporaryDirectory(prefix="gpulab-ch08-") as folder:
+        path = os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(folder, "error.json")
+        try:
+            main()
+        except type(error):
+            pass
+        finally:
+            if before is None:
+                del os.environ["TORCHELASTIC_ERROR_FILE"]
+            else:
+                os.environ["TORCHELASTIC_ERROR_FILE"] = before
+        with open(path) as file:
+            return json.load(file)
 
 
 # ----------------------------------------------------------------------------- NaN, /dev/shm
