@@ -473,7 +473,7 @@ def test_chapter_07_against_worked_figures():
     # Serial: 32 x 2 ms + 3 + 40 = 107 ms; overlapped: max(64 / 4, 3, 40) = 40 ms, 800 samples/s.
     assert value["07-serial-step-ms"] == pytest.approx(107)
     assert (value["07-overlap-step-ms"], value["07-samples-per-s"]) == (pytest.approx(40), pytest.approx(800))
-    assert value["07-workers-needed"] == 8 and value["07-bound-stage"] == "data"    # 320/40; 60 > 55 ms
+    assert value["07-workers-needed"] == 8 and value["07-bound-stage"] == "data"    # 300/40 = 7.5; 60 > 55 ms
     assert (value["07-io-speedup"], value["07-cpu-speedup"]) == (8, 2)
     assert value["07-idle-share"] == pytest.approx(67 / 107)
     assert value["07-launch-bound-ms"] == pytest.approx(12)                       # 2000 x 6 µs
