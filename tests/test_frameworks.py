@@ -2,6 +2,7 @@
 against the installed versions, DeepSpeed's estimator restated against DeepSpeed, and the key
 against figures worked by hand."""
 import dataclasses
+import json
 import inspect
 import math
 from pathlib import Path
@@ -210,3 +211,28 @@ def test_accelerate_backward_divides_by_the_accumulation_steps():
     source = inspect.getsource(Accelerator.backward)
     assert "loss = loss / self.gradient_accumulation_steps" in source
     assert torch.__version__   # (torch imported for the sampler above)
+
+
+def test_the_trainer_fills_deepspeed_auto_values_and_refuses_a_mismatch():
+    """Chapter 09's "In your training script": "auto" in a DeepSpeed config takes the value from
+    TrainingArguments (no DeepSpeed engine starts), and a number that disagrees stops the Trainer."""
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    config = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+              "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+              "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                        "weight_decay": "auto"}},
+              "zero_optimization": {"stage": 2}}
+    args = TrainingArguments(output_dir="unused", per_device_train_batch_size=8, gradient_accumulation_steps=4,
+                             learning_rate=3e-4, weight_decay=0.1, bf16=True, max_grad_norm=1.0, use_cpu=True,
+                             report_to="none")
+    filled = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
+    filled.trainer_config_process(args)
+    assert (filled.config["train_batch_size"], filled.config["train_micro_batch_size_per_gpu"],
+            filled.config["gradient_accumulation_steps"]) == (32, 8, 4)            # 8 x 4 x world size 1
+    assert filled.config["optimizer"]["params"]["lr"] == 3e-4 and filled.config["bf16"]["enabled"] is True
+    mismatch = HfTrainerDeepSpeedConfig(dict(json.loads(json.dumps(config)), gradient_accumulation_steps=8))
+    mismatch.trainer_config_process(args)
+    with pytest.raises(ValueError, match="mismatch TrainingArguments"):
+        mismatch.trainer_config_finalize(args, None, 100)
