@@ -109,6 +109,16 @@ def test_chapter_02_against_independent_figures():
     assert value["02-largest-batch"] == 9
 
 
+def test_chapter_02_parameter_count_slip_is_named():
+    """Issue 35: leaving out every bias and LayerNorm weight (13h per block and the final
+    LayerNorm's 2h) gives 12·L·h² + 2Vh + Th = 3,690,496, and that slip gets its own words."""
+    item = key("02_vram_arithmetic")["02-gpt-params"]
+    h, L, V, T = 256, 4, 1000, 128
+    with pytest.raises(WrongAnswer, match="final LayerNorm's 2h"):
+        judge(item, 12 * L * h * h + 2 * V * h + T * h)
+    assert 12 * L * h * h + 2 * V * h + T * h == 3_690_496
+
+
 def test_chapter_02_largest_batch_really_is_the_largest():
     """The quiz's answer, measured: it fits the budget and one more sample does not."""
     import torch
