@@ -23,6 +23,7 @@ fall back to the CPU anyway) and Lightning's "Initializing distributed: GLOBAL_R
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import json
 import logging
@@ -86,6 +87,17 @@ class Report:
     weights_dtype: str
     compute_dtypes: list[str]
     output: str = field(default="", repr=False)     # what the run printed
+
+
+def code_markdown() -> str:
+    """The code each tool's ranks run in the chapter's experiments, as Markdown (a fenced code
+    block per function, under a line saying what it is): the chapter prints it before it runs."""
+    shown = [("Accelerate: your loop", accelerate_rank),
+             ("Lightning: a LightningModule, and the Trainer that runs it", LitCourseGPT),
+             ("", run_lightning),
+             ("HF Trainer: TrainingArguments and a Trainer", trainer_rank)]
+    return "\n\n".join((f"**{title}** (`runs.{code.__name__}`)\n\n" if title else "")
+                       + f"```python\n{inspect.getsource(code)}```" for title, code in shown)
 
 
 def run(tool: str, settings: Settings = Settings()) -> Report:
