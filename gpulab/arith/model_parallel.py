@@ -90,9 +90,9 @@ def tp_comm_to_compute(tp: int, hidden: int, bandwidth: float, flops_per_second:
     """Tensor parallelism's communication time over its compute time, per layer and
     micro-batch:
 
-        comm    = 4 · 2(t−1)/t · b·s·h·β / B         (four ring all-reduces, β bytes per value)
+        comm    = 4 · 2(t−1)/t · b·s·h·q / B         (four ring all-reduces, q bytes per value)
         compute = 72·b·s·h² / (t·F)                   (``layer_training_flops``, split t ways)
-        ratio   = (t − 1)·β·F / (9·h·B)
+        ratio   = (t − 1)·q·F / (9·h·B)
 
     b and s cancel: a bigger batch does not help. The ratio grows with t − 1 (each rank's
     compute shrinks as 1/t, its traffic does not) and shrinks with h. Nothing overlaps the two,
@@ -364,7 +364,7 @@ def layout_comm_bytes(model: Transformer, layout: Layout, bytes_per_value: int =
 def ring_bandwidth(gpus_in_group: int, cluster: Cluster) -> float:
     """The bandwidth a ring of ``gpus_in_group`` consecutive ranks gets: NVLink while the group
     fits in one node; across nodes, the network, over as many NICs at once as the group has GPUs
-    in each node (chapter 06: NCCL runs one ring per NIC, a "rail"), never more than NVLink:
+    in each node (chapter 06: NCCL runs one ring over each NIC at once), never more than NVLink:
     min(NVLink, k × network) for k GPUs of the group per node. Chapter 11, section 5.
 
     >>> h100 = Cluster(8, 450e9, 50e9, 80e9, 400e12)
