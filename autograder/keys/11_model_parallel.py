@@ -70,21 +70,21 @@ PARAMS = {
 QUESTIONS = {
     "ch11-md-quiz-tp-elements": (
         "### Quiz 1: what tensor parallelism hands to all-reduce\n\n"
-        "One layer of {layer[name]} ($h = {layer[h_text]}$) runs a micro-batch of $b = {micro_batch}$ "
-        "sequences of\n$s = {layer[s_text]}$ tokens, split over $t = {tp}$ GPUs in Megatron's layout. "
+        "One layer of {layer[name]} ($h$ = {layer[h_text]}) runs a micro-batch of $b = {micro_batch}$ "
+        "sequences of\n$s$ = {layer[s_text]} tokens, split over $t = {tp}$ GPUs in Megatron's layout. "
         "How many **elements** does each\nGPU hand to all-reduce in one forward and backward of this "
         "micro-batch?"),
     "ch11-md-quiz-tp-ms": (
         "### Quiz 2: the whole model's all-reduces\n\n"
-        "All $L = {layer[L]}$ layers of {layer[name]} ($h = {layer[h_text]}$, $s = {layer[s_text]}$, "
+        "All $L = {layer[L]}$ layers of {layer[name]} ($h$ = {layer[h_text]}, $s$ = {layer[s_text]}, "
         "$b = 1$) split over $t = {tp}$ H100s of\none server, joined by NVLink 4 at 450 GB/s per "
         "direction, with bf16 activations. How many **ms** do\nthe tensor-parallel all-reduces of one "
         "micro-batch's forward and backward take on chapter 06's\nring (no latency)?"),
     "ch11-md-quiz-tp-ratio": (
         "### Quiz 3: communication over compute, inside a server\n\n"
-        "A {ratio_layer[name]} layer ($h = {ratio_layer[h_text]}$) split over the 8 H100s of one "
+        "A {ratio_layer[name]} layer ($h$ = {ratio_layer[h_text]}) split over the 8 H100s of one "
         "server: NVLink 4 at\n$B = 450$ GB/s per direction, each GPU achieving $F = {flops_t}$ "
-        "TFLOP/s ($10^{{12}}$ FLOP/s), bf16 activations.\nWhat is the ratio of the tensor-parallel "
+        "TFLOP/s (10¹² FLOP/s), bf16 activations.\nWhat is the ratio of the tensor-parallel "
         "communication time to the compute time (a plain number)?"),
     "ch11-md-quiz-tp-nodes": (
         "### Quiz 4: the same layer across two servers\n\n"
@@ -93,8 +93,8 @@ QUESTIONS = {
         "50 GB/s.\nWhat is the ratio now?"),
     "ch11-md-quiz-sp-tp-gib": (
         "### Quiz 6: a layer's activations per GPU, tensor parallelism alone\n\n"
-        "One layer of {layer[name]} ($h = {layer[h_text]}$, $a = {layer[a]}$ heads, "
-        "$s = {layer[s_text]}$, $b = 1$) split over\n$t = {tp}$ GPUs. How many **GiB** does each GPU "
+        "One layer of {layer[name]} ($h$ = {layer[h_text]}, $a = {layer[a]}$ heads, "
+        "$s$ = {layer[s_text]}, $b = 1$) split over\n$t = {tp}$ GPUs. How many **GiB** does each GPU "
         "keep for backward (16-bit values with dropout, the\nscores stored: Korthikanti et al.'s "
         "count)?"),
     "ch11-md-quiz-sp-gib": (
