@@ -116,7 +116,7 @@ QUESTIONS = {
         "of activations does the first stage hold at its\npeak under 1F1B?"),
     "ch11-md-quiz-state": (
         "### Quiz 13: model state per GPU in a layout\n\n"
-        "{state_layout[name]} ($\\Psi = {state_layout[psi_text]}$ parameters) trained with "
+        "{state_layout[name]} ($\\Psi$ = {state_layout[psi_text]} parameters) trained with "
         "mixed-precision Adam (16\nbytes per parameter: 2 + 2 + 12, chapter 06) on "
         "{state_layout[gpus]} GPUs as TP {state_layout[t]} × PP {state_layout[p]} × DP "
         "{state_layout[d]}, with ZeRO\nstage 1 over the data-parallel GPUs. How many **GB** of model "
