@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpulab.measure import synchronize
 from gpulab.measure.memory import peak_memory
 from gpulab.model_parallel.counting import CollectiveCounter
 from gpulab.models import GPT, GPTConfig
@@ -88,21 +89,26 @@ def _timed_stage_class():
         """A ``PipelineStage`` that appends (kind, micro-batch, start, end, stage) to ``timeline``
         for each forward ("F") and backward ("B") it computes: this rank's trace. Times are
         ``time.perf_counter()``, the same clock in every process of one machine (Linux's
-        CLOCK_MONOTONIC), so the ranks' traces line up."""
+        CLOCK_MONOTONIC), so the ranks' traces line up. On a GPU each span waits for the
+        device before it starts and ends (``synchronize``): kernels run after they are launched."""
 
         def __init__(self, *args, timeline: list, **kwargs):
             super().__init__(*args, **kwargs)
             self.timeline = timeline
 
         def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
+            synchronize(self.device)
             start = time.perf_counter()
             out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+            synchronize(self.device)
             self.timeline.append(("F", fwd_chunk_id, start, time.perf_counter(), self.stage_index))
             return out
 
         def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
+            synchronize(self.device)
             start = time.perf_counter()
             out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+            synchronize(self.device)
             self.timeline.append(("B", bwd_chunk_id, start, time.perf_counter(), self.stage_index))
             return out
 
