@@ -39,6 +39,9 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
 c.ExecuteSandboxed.notebook_timeout = 300
+# All of one submission's grading (its files looked at, sanitised, run, judged, saved), and its
+# feedback page again: a submission past it scores zero, with a finding, and the class goes on.
+c.ExecuteSandboxed.submission_timeout = 420
 
 # Grading that holds (autograder/secure_grading.py): before nbgrader copies anything, each
 # submission folder holds only regular files within the size limits (intake.py; nbgrader's own
@@ -53,11 +56,14 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Clea
                                     OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
 from graded_html import SanitizeMarkdown, SanitizeOutputs  # noqa: E402
 from intake import CheckedCollector, CheckedExchangeCollect, CheckedExtractor, pre_convert_hook  # noqa: E402
-from secure_grading import ExecuteSandboxed, GradeRecordedAnswers, NormalizeCells  # noqa: E402
+from secure_grading import ExecuteSandboxed, FeedbackDeadline, GradeRecordedAnswers, NormalizeCells  # noqa: E402
 
 c.CourseDirectory.max_file_size = 20_000                # kB per file of a submission
 c.CourseDirectory.max_dir_size = 50_000                 # kB per submission folder
 c.Autograde.pre_convert_hook = pre_convert_hook
+_feedback_deadline = FeedbackDeadline(lambda: c.ExecuteSandboxed.submission_timeout)
+c.GenerateFeedback.pre_convert_hook = _feedback_deadline.start
+c.GenerateFeedback.post_convert_hook = _feedback_deadline.stop
 c.ExchangeFactory.collect = CheckedExchangeCollect
 c.ZipCollectApp.extractor_plugin = CheckedExtractor
 c.ZipCollectApp.collector_plugin = CheckedCollector
