@@ -291,14 +291,16 @@ def attempt(name, ok):
 
 print("etc readable", os.access("/etc/passwd", os.R_OK))       # what the kernel needs stays readable
 attempt("remount", libc.mount(b"none", os.path.dirname(gpulab.__file__).encode(), None, 32 | 4096, None) == 0)
+os.makedirs("/tmp/devices", exist_ok=True)     # the sandbox's tmpfs folders are nodev: one that is not
+attempt("tmpfs", libc.mount(b"none", b"/tmp/devices", b"tmpfs", 0, None) == 0)
 try:
-    os.mknod("/tmp/disk", 0o60600, os.makedev(@MAJOR@, @MINOR@))
+    os.mknod("/tmp/devices/disk", 0o60600, os.makedev(@MAJOR@, @MINOR@))
     print("mknod done")
 except OSError as error:
     print("mknod failed:", error.strerror)
 os.makedirs("/tmp/mnt", exist_ok=True)
 found = 0
-if attempt("mount", libc.mount(b"/tmp/disk", b"/tmp/mnt", b"@FSTYPE@", 0, None) == 0):
+if attempt("mount", libc.mount(b"/tmp/devices/disk", b"/tmp/mnt", b"@FSTYPE@", 0, None) == 0):
     course = "/tmp/mnt@ON_DISK@"
     match = re.search(r'99-a", (\d+)', open(course + "/autograder/keys/99_probe.py").read())
     found = int(match.group(1)) if match else 0
@@ -1049,7 +1051,7 @@ def test_a_kernel_has_no_capabilities_and_is_not_root(graded):
     printed = outputs(course, "root_escape")
     assert "CapEff 0000000000000000 uid outside" in printed, printed
     assert int(printed.split("uid outside ")[1].split()[0]) != 0, printed
-    for step in ("etc readable True", "remount failed", "mknod failed", "mount failed",
+    for step in ("etc readable True", "remount failed", "tmpfs failed", "mknod failed", "mount failed",
                  "user namespace failed", "/ not writable", "/dev not writable"):
         assert step in printed, (step, printed)
     assert not (course / "autograder" / "WRITTEN_FROM_THE_DISK").exists()
