@@ -41,7 +41,7 @@ def hours(total_minutes: float) -> str:
     """'1¾ h' for 105 minutes: the nearest quarter hour."""
     quarters = max(1, round(total_minutes / 15))
     whole, part = divmod(quarters, 4)
-    return f"{whole or ''}{['', '¼', '½', '¾'][part]} h"
+    return f"{whole or ''}{['', '¼', '½', '¾'][part]}\u00a0h"   # no break before the unit
 
 
 def main() -> None:
