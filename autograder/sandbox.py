@@ -121,7 +121,13 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 # What of /etc a Python kernel uses (the dynamic linker's cache, users' names, time zone, fonts,
 # localhost): not /etc as a whole, which holds e.g. /etc/shadow, readable to a root grader.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "passwd", "group",
-             "hosts", "localtime", "timezone", "fonts", "ssl", "alternatives", "os-release")
+             "localtime", "timezone", "fonts", "ssl", "alternatives", "os-release")
+# The sandbox's own /etc/hosts (its host name is localhost, and it has no network). It names the
+# IPv4-mapped loopback too: torch.distributed's store looks up the address of each rank that
+# connects, which a dual-stack socket reports as ::ffff:127.0.0.1; missing from the hosts file,
+# the lookup went on to DNS, which no sandbox reaches, and every rank of chapters 05, 06 and 09
+# printed "[c10d] The hostname of the client socket cannot be retrieved. err=-3" on stderr.
+SANDBOX_HOSTS = "127.0.0.1 localhost\n::1 localhost\n::ffff:127.0.0.1 localhost\n"
 # Environment variables a kernel keeps; everything else (tokens, keys, the grader's HOME) is dropped.
 KEPT_ENV = ("LANG", "LANGUAGE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
             "PYTHONHASHSEED", "NBGRADER_EXECUTION", "NBGRADER_VALIDATING", "GPULAB_STRICT_CHECKS")
@@ -147,14 +153,15 @@ def _package() -> str:
     return str(Path(gpulab.__file__).resolve().parent)
 
 
-def sandbox_command(workdir: str, connection_fd: int, limits: "Limits") -> list[str]:
+def sandbox_command(workdir: str, connection_fd: int, hosts_fd: int, limits: "Limits") -> list[str]:
     """bubblewrap arguments that run a command on an allow-list file system with no network.
 
     The kernel sees the system folders and the Python installation read-only, the gpulab
     package, and size-limited private tmpfs folders: /tmp, /dev/shm, KERNEL_DIR (the connection
     file, read from ``connection_fd``, and the ``ipc`` transport's sockets) and a working copy at
     ``workdir``, which ``LAUNCHER`` fills from the submission (bound read-only at
-    SUBMISSION_ORIGINAL). The root and /dev are read-only. Its own network namespace (only a
+    SUBMISSION_ORIGINAL). An /etc/hosts of its own, read from ``hosts_fd`` (SANDBOX_HOSTS). The
+    root and /dev are read-only. Its own network namespace (only a
     loopback of its own), PID, IPC and UTS namespaces; no capabilities (see the module's
     docstring for a root grader).
     """
@@ -201,6 +208,7 @@ def sandbox_command(workdir: str, connection_fd: int, limits: "Limits") -> list[
     open_parents(workdir)
     private_folder(workdir, limits.disk_bytes + _folder_bytes(workdir))
     private_folder(KERNEL_DIR, KERNEL_DIR_BYTES)
+    args += ["--perms", "0444", "--ro-bind-data", str(hosts_fd), "/etc/hosts"]
     args += ["--perms", "0444", "--ro-bind-data", str(connection_fd), f"{KERNEL_DIR}/kernel.json",
              "--ro-bind", workdir, SUBMISSION_ORIGINAL, "--chdir", workdir,
              "--remount-ro", "/dev", "--remount-ro", "/",
@@ -300,6 +308,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         self.ip = f"{KERNEL_DIR}/ipc"          # as the kernel sees it; the grader's, once it runs
         self.watchdog: Watchdog | None = None
         self._connection_fd: int | None = None
+        self._hosts_fd: int | None = None
         self._not_started: str | None = None
         self.context.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)   # the control channel
 
@@ -332,18 +341,22 @@ class SandboxedKernelManager(AsyncKernelManager):
         # What the kernel prints to its own stdout and stderr would reach the grader's terminal.
         kw["stdout"] = kw["stderr"] = subprocess.DEVNULL
         self._connection_fd = os.open(self.connection_file, os.O_RDONLY)
-        kw["pass_fds"] = (self._connection_fd,)
+        self._hosts_fd, write_end = os.pipe()                # SANDBOX_HOSTS, read by bubblewrap
+        os.write(write_end, SANDBOX_HOSTS.encode())
+        os.close(write_end)
+        kw["pass_fds"] = (self._connection_fd, self._hosts_fd)
         cmd = [f"{KERNEL_DIR}/kernel.json" if arg == self.connection_file else arg for arg in cmd]
         launcher = [sys.executable, "-I", "-c", LAUNCHER, SUBMISSION_ORIGINAL, KERNEL_DIR,
                     str(limits.cpu_seconds + 5), str(limits.disk_bytes), str(limits.tasks),
                     str(uid), str(gid), "--"]
-        return sandbox_command(workdir, self._connection_fd, limits) + launcher + cmd, kw
+        return sandbox_command(workdir, self._connection_fd, self._hosts_fd, limits) + launcher + cmd, kw
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         try:
             await super()._async_launch_kernel(kernel_cmd, **kw)
         finally:
             os.close(self._connection_fd)
+            os.close(self._hosts_fd)
         bwrap_pid = self.provisioner.process.pid
         init = await _sandbox_init(bwrap_pid)
         if init is None:

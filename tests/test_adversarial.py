@@ -1032,7 +1032,7 @@ def test_a_course_under_tmp_is_bound_back_into_the_private_tmp(monkeypatch, tmp_
     kernel died before it said hello)."""
     import sandbox
     monkeypatch.setattr(sandbox, "python_install", lambda: ["/tmp/clone/.venv"])
-    args = sandbox.sandbox_command(str(tmp_path), 3, sandbox.Limits(
+    args = sandbox.sandbox_command(str(tmp_path), 3, 4, sandbox.Limits(
         memory_bytes=2**30, tasks=64, disk_bytes=2**20, cpu_seconds=60))
     private_tmp = next(i for i in range(len(args)) if args[i:i + 2] == ["--tmpfs", "/tmp"])
     venv = next(i for i in range(len(args)) if args[i:i + 3] == ["--ro-bind"] + ["/tmp/clone/.venv"] * 2)
@@ -1198,7 +1198,7 @@ def test_the_folders_above_the_sandbox_mounts_are_open_to_its_user(monkeypatch, 
     grader's kernel, not root, could not pass; they are made 0755, before the mount."""
     import sandbox
     monkeypatch.setattr(sandbox, "python_install", lambda: ["/root/.pyenv/versions/3.11"])
-    args = sandbox.sandbox_command(str(tmp_path), 3, sandbox.Limits(
+    args = sandbox.sandbox_command(str(tmp_path), 3, 4, sandbox.Limits(
         memory_bytes=2**30, tasks=64, disk_bytes=2**20, cpu_seconds=60))
     text = " ".join(args)
     bind = text.index("--ro-bind /root/.pyenv/versions/3.11")
