@@ -33,7 +33,7 @@ c.CourseDirectory.db_url = "sqlite:///" + os.path.join(here, "gradebook.db")
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# Time per student (README, "Time per student fits a class"). Each chapter's solution runs in
+# Time per student (docs/threat-model.md, "Time per student fits a class"). Each chapter's solution runs in
 # well under 2 minutes on a 2-core CPU (one at a time, one thread, on a busy machine: 10 s for
 # chapter 08 to 154 s for chapter 05). A notebook gets 300 s in all, about twice the slowest, and
 # a cell 120 s: a submission that waits out its limit holds a grading job for 5 minutes, not 15.
@@ -74,7 +74,7 @@ c.Autograde.autograde_preprocessors = [ExecuteSandboxed, SanitizeOutputs, GradeR
                                        IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
                                        SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
 
-# What one submission may use (README, "Grading on a shared server"). Over a limit its kernel is
+# What one submission may use (docs/teaching.md, "Grading on a shared server"). Over a limit its kernel is
 # stopped; it scores what ran, and its feedback says which limit it reached. Memory and
 # processes count all of a submission's processes together (jobs x memory_limit must fit in RAM:
 # `make autograde` grades one submission per core); the disk limit applies to each of its
@@ -84,7 +84,7 @@ c.SandboxedKernelManager.process_limit = 1024           # processes and threads 
 c.SandboxedKernelManager.disk_limit = 2**30             # bytes written, per folder and per file
 c.SandboxedKernelManager.cpu_limit = 3600               # CPU seconds, all processes together
 c.GradeRecordedAnswers.keys_dir = os.path.join(here, "keys")
-# Per-student numbers in graded assignments (README, "Per-student numbers"): a seed of your own,
+# Per-student numbers in graded assignments (docs/teaching.md, "Per-student numbers"): a seed of your own,
 # e.g. "fall-2026-k7x2", turns them on for `make release GRADED=1` and `make autograde` alike.
 # Keep it for the whole course: grading draws each student's numbers from it again.
 c.GradeRecordedAnswers.course_seed = ""

@@ -957,7 +957,7 @@ def test_make_autograde_names_the_submissions_stopped_at_a_time_limit(graded):
 def test_a_notebook_that_waits_out_its_time_limit_is_stopped_there(tmp_path):
     """Outside the batch (it would wait with it): cells that each sleep just under the cell limit
     are stopped at the notebook's limit, which the message names. The course's own limit fits a
-    class: a few minutes (README, "Time per student fits a class"), not 15."""
+    class: a few minutes (docs/threat-model.md, "Time per student fits a class"), not 15."""
     from secure_grading import ExecuteSandboxed
     from traitlets.config.loader import PyFileConfigLoader
 
