@@ -21,6 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+import homes  # noqa: E402
 import plan  # noqa: E402
 import walls  # noqa: E402
 
@@ -108,6 +109,12 @@ def walls_lines(settings: plan.Settings, group: str, root: Path = ROOT) -> tuple
                  f"/tmp, /var/tmp, /dev/shm files included), {settings.tasks} tasks, CPU weight "
                  f"{plan.CPU_WEIGHT} (the same for all), scratch {gib(settings.scratch_bytes)} "
                  "each; their own GPU or MIG slice only")
+    home_root = Path(os.environ.get("WORKSHOP_HOMES", "/home"))
+    no_disk = homes.why_not(home_root)
+    lines.append(f"  disk per learner      {gib(settings.disk_bytes)} home, a disk of its own "
+                 "(an ext4 image, loop-mounted: ENOSPC past it)" if no_disk is None else
+                 f"  disk per learner      WARNING: NO CAP ({no_disk}): homes are plain folders of "
+                 f"{home_root}, and one learner can fill its disk for everyone")
     try:
         gid = grp.getgrnam(group).gr_gid
     except KeyError:

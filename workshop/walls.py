@@ -80,6 +80,15 @@ def mig_minors(proc: Path = Path("/proc")) -> dict[str, int]:
     return table
 
 
+def nvml():
+    """The driver's NVML (nvidia-ml-py), or None on a machine without it."""
+    try:
+        import pynvml
+        return pynvml
+    except ImportError:
+        return None
+
+
 def device_nodes(uuid: str | None, nvml, proc: Path = Path("/proc"),
                  dev: Path = Path("/dev")) -> list[Node]:
     """The NVIDIA nodes a learner given ``uuid`` (a GPU or MIG UUID, None for no GPU) needs and
