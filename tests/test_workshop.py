@@ -177,6 +177,8 @@ for path in %r:
         seen[path] = "read"
     except PermissionError:
         seen[path] = "denied"
+    except FileNotFoundError:   # a checkout behind a closed folder: only what learners need shows
+        seen[path] = "absent"
 print(json.dumps(seen))
 """
 INDUCTOR_CACHE = """
@@ -646,7 +648,7 @@ def test_a_learner_can_open_their_own_gpu_only(room):
 @pytest.mark.needs_root
 def test_learners_cannot_read_the_solutions_or_the_keys(room):
     look = output(room["attacks"]["look 9"])
-    assert [look[p] for p in room["private"]] == ["denied"] * 3, look
+    assert {look[p] for p in room["private"]} <= {"denied", "absent"}, look
     import check
     lines, walled = check.walls_lines(plan.settings_from_env({"WORKSHOP_DEVICES": "none"}), GROUP)
     assert walled and "walls                 cgroup v1" in lines[0], lines

@@ -357,17 +357,20 @@ def hidden_ancestor(path: Path) -> Path | None:
 
 
 def reveal_plan(paths: list[Path]) -> tuple[str, str]:
-    """(GPULAB_WORKSHOP_HIDE, GPULAB_WORKSHOP_REVEAL) for start_learner.sh: what learners must
-    reach (the Python installation, the venv, the course) but cannot, behind which folder."""
+    """(GPULAB_WORKSHOP_HIDE, GPULAB_WORKSHOP_REVEAL) for start_learner.sh: the folders learners
+    may not enter that hold what they must reach (the Python installation, the venv, the
+    course: e.g. root's home with pyenv's Python, a clone in a private folder), and those paths,
+    colon-separated. Each such folder is covered in the learner's mount namespace by an empty
+    one, into which the paths under it are bound back, read-only. (Folders never nest here:
+    each is the outermost closed folder above its paths.)"""
     hidden = {p: h for p in paths if (h := hidden_ancestor(p))}
-    if not hidden:
-        return "", ""
-    folders = set(hidden.values())
-    if len(folders) > 1:
-        raise SystemExit("workshop: learners cannot reach " + ", ".join(map(str, hidden)) +
-                         f": they lie behind several closed folders ({', '.join(map(str, folders))})."
-                         " Install the course and its Python where every user may read them.")
-    return str(folders.pop()), ":".join(str(p) for p in hidden)
+    for path, folder in hidden.items():
+        if path == folder:
+            raise SystemExit(f"workshop: learners cannot enter {path} (mode "
+                             f"{path.stat().st_mode & 0o777:o}), which they need: even bound "
+                             f"back it stays closed. Give others read and entry: chmod o+rx {path}")
+    folders = sorted({str(h) for h in hidden.values()})
+    return ":".join(folders), ":".join(str(p) for p in hidden)
 
 
 def server_port(low: int = 20000, high: int = 32000) -> int:

@@ -86,7 +86,9 @@ if settings.walls:       # run.py has checked that this machine has a way (works
     applier.prepare(settings.learners)
     atexit.register(applier.finish)
     hub.WorkshopSpawner.walls = applier
-NEEDED = [Path(sys.base_prefix).resolve(), VENV_BIN.parent, ROOT]   # what every learner runs
+# What every learner's processes read: the Python, the venv, the course's library, the release
+# they copy, and the workshop's server config and start page. Nothing else of the checkout.
+NEEDED = [Path(sys.base_prefix).resolve(), VENV_BIN.parent, ROOT / "gpulab", COURSE, HERE]
 hide, reveal = hub.reveal_plan(NEEDED)
 hub.WorkshopSpawner.wrapper_env = {
     "GPULAB_WORKSHOP_COURSE": str(COURSE), "GPULAB_WORKSHOP_HIDE": hide,
