@@ -1,9 +1,9 @@
-"""Workshop mode (issues 20 and 30): a real JupyterHub on localhost with ten learners, walled in.
+"""Workshop mode (issues 20, 30 and 34): a real JupyterHub on localhost with ten learners, walled in.
 
 One hub for the whole file (the `room` fixture), started by workshop/run.py as `make workshop`
 starts it, on free ports, with three made-up GPUs (a modelled NVML on the hub's PYTHONPATH,
 tests/modelled_nvml, gives them UUIDs and device minor numbers) and small walls: 1 GiB, 128
-tasks and 64 MiB of scratch per learner. The fixture plays the room once, all learners at the
+tasks, 64 MiB of scratch and a 64 MiB home disk per learner, 11 places. The fixture plays the room once, all learners at the
 same time where a room would be. First they sign up over HTTP, their servers spawn, each runs
 code in a kernel through its server's REST and websocket API and saves its quizzes' verdicts;
 one learner's kernel dies first. Then some attack the walls as a hostile learner would while
@@ -11,10 +11,15 @@ their classmates work: a memory hog, a process storm, /dev/shm filled, other GPU
 nodes opened (mknod stand-ins with NVIDIA's major number: a denial is EPERM, a node the learner
 may open but whose driver is absent ENXIO), scratch files and a planted torch.compile cache in
 /tmp, the course's solutions and keys, a FIFO, a symlink and a 2 GB sparse file for the
-progress page; someone guesses a password; someone signs up as a system group. Then the host
-looks. The tests check what happened (one in Chromium: the learner's and the host's first
-minutes), and the last one stops the hub and checks nothing is left. Creating the learners'
-system accounts and cgroups needs root, as a workshop does.
+progress page; a home filled past its disk; someone guesses a password; someone signs up as a
+system group. Then the host looks. Then, with every place taken, a learner signs up three more
+names (the host lets one in, whose server the plan has no room for); a machine elsewhere in the
+room sends sign-ins with a made-up X-Real-Ip; a classmate guesses a learner's password six times
+while that learner signs in from their own browser; a learner leaves a daemon behind and their
+server ends by itself. The tests check what happened (one in Chromium: the learner's and the
+host's first minutes), and the last one stops the hub and checks nothing is left. Creating the
+learners' system accounts, cgroups and disks needs root, as a workshop does: those tests are
+marked needs_root (tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -215,6 +220,21 @@ os.remove(os.path.join(home, "filling"))
 print(json.dumps({"written": written, "failed": failed, "size": disk.f_blocks * disk.f_frsize,
                   "course": os.path.isdir(os.path.join(home, "course"))}))
 """ % (2 * DISK // 2**20)
+PAST_THE_PROXY = """
+import json, requests
+hub = "http://127.0.0.1:%%d/hub/login"
+codes = []
+for n in range(26):
+    claim = {"X-Forwarded-For": f"10.8.{n}.1"}      # the same on both: the hub's XSRF reads it
+    s = requests.Session()
+    s.get(hub, headers=claim, timeout=30)
+    reply = s.post(hub, headers=claim, allow_redirects=False, timeout=30, data={
+        "username": f"w%sdirect{n}", "password": "wrong", "_xsrf": s.cookies.get("_xsrf")})
+    codes.append(reply.status_code)
+    if reply.status_code == 429:
+        break
+print(json.dumps(codes))
+""" % RUN
 DAEMON = """
 import subprocess
 subprocess.run(["setsid", "--fork", "sleep", "600"], check=True, stdin=subprocess.DEVNULL,
@@ -402,7 +422,7 @@ def play(room: dict) -> None:
     host.use_token()
     room["past_the_places"] = sign_up_past_the_places(base, host, env["WORKSHOP_CODE"])
     with ThreadPoolExecutor(2) as pool:
-        sign_ins = pool.submit(spoof_and_lock_out, base, browsers)
+        sign_ins = pool.submit(spoof_and_lock_out, base, browsers, int(env["WORKSHOP_HUB_PORT"]))
         room["after_stop"] = stop_and_look(room, browsers[6])
         room["sign_ins"] = sign_ins.result()
     timings["sign-ups, sign-ins, a stop"] = time.monotonic() - t
@@ -440,12 +460,17 @@ def sign_up_past_the_places(base: str, host: Browser, code: str) -> dict:
     return seen
 
 
-def spoof_and_lock_out(base: str, browsers: list[Browser]) -> dict:
-    """Two attacks on the sign-in lock. A machine at SPOOFER sends wrong sign-ins that claim
+def spoof_and_lock_out(base: str, browsers: list[Browser], hub_port: int) -> dict:
+    """Three attacks on the sign-in lock. A machine at SPOOFER sends wrong sign-ins that claim
     (X-Real-Ip) to come from ELSEWHERE, where a learner then signs in; then more, each claiming
-    an address of its own. A classmate (same address as everyone) guesses learner 4's password
-    six times, waiting out each lock; learner 4 then signs in from their own browser."""
+    an address of its own. Learner 9's kernel sends wrong sign-ins to the hub's own port, past
+    the proxy, each with an X-Forwarded-For of its own. A classmate (same address as everyone)
+    guesses learner 4's password six times, waiting out each lock; learner 4 then signs in from
+    their own browser."""
     seen = {}
+    b9 = browsers[9]
+    seen["past the proxy"] = json.loads(b9.execute(b9.start_kernel(), PAST_THE_PROXY % hub_port,
+                                                   timeout=120)["stdout"].strip().splitlines()[-1])
     spoofer = lambda n: Browser(base, f"w{RUN}nobody{n}", address=SPOOFER)  # noqa: E731
     seen["claiming elsewhere"] = [spoofer(n).sign_in("wrong", headers={"X-Real-Ip": ELSEWHERE})
                                   .status_code for n in range(21)]
@@ -670,9 +695,13 @@ def test_failed_sign_ins_lock_the_name_for_a_growing_while(room):
 @pytest.mark.needs_root
 def test_a_made_up_x_real_ip_neither_locks_others_out_nor_escapes_the_limit(room):
     """The lock counts the address the hub's proxy saw: 21 failures claiming to come from
-    ELSEWHERE lock SPOOFER, not ELSEWHERE; a fresh claim each time escapes nothing."""
+    ELSEWHERE lock SPOOFER, not ELSEWHERE; a fresh claim each time escapes nothing, nor does a
+    learner's X-Forwarded-For sent to the hub's own port past the proxy."""
     seen = room["sign_ins"]
-    assert seen["claiming elsewhere"] == [403] * 21, seen
+    assert seen["past the proxy"] == [403] * 21 + [429], seen["past the proxy"]
+    proxy_errors = [line for line in room["log"].read_text().splitlines() if "ConfigProxy" in line
+                    and "/hub/login" in line]
+    assert seen["claiming elsewhere"] == [403] * 21, (seen, proxy_errors)
     assert seen["elsewhere"] == 302, "a learner at the claimed address was locked out"
     assert seen["fresh claims"][-1] == 429 and len(seen["fresh claims"]) <= 2, seen
 

@@ -33,12 +33,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 from jupyterhub.auth import Authenticator, LocalAuthenticator
 from jupyterhub.handlers.login import LoginHandler
-from jupyterhub.objects import Hub
-from jupyterhub.proxy import ConfigurableHTTPProxy
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.utils import maybe_future, url_path_join
 from tornado import web
@@ -100,13 +97,49 @@ class SignInLockout:
         self.locked_until.pop(key, None)
 
 
-def client_address(request, proxies_in_front: int = 0) -> str:
-    """The address a request came from, as the hub's own proxy saw it. The proxy
-    (configurable-http-proxy) appends the address of whoever connected to it to
+def _proc_net_address(text: str) -> tuple[str, int]:
+    """ "0100007F:1F90" (IPv4) or 32 hex digits and a port (IPv6), as /proc/net/tcp{,6} write
+    them (each 32-bit word in the machine's byte order, little-endian here): (ip, port)."""
+    hex_ip, hex_port = text.split(":")
+    raw = bytes.fromhex(hex_ip)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+    return ip.removeprefix("::ffff:"), int(hex_port, 16)
+
+
+def socket_owner(peer: tuple, proc: Path = Path("/proc")) -> int | None:
+    """The uid owning the client end of a TCP connection that came from ``peer`` (ip, port), when
+    that end is on this machine (/proc/net/tcp and tcp6, column uid); None when it is not."""
+    wanted = (peer[0].removeprefix("::ffff:"), int(peer[1]))
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if _proc_net_address(fields[1]) == wanted:
+                return int(fields[7])
+    return None
+
+
+def client_address(request, proxies_in_front: int = 0, proc: Path = Path("/proc")) -> str:
+    """The address a sign-in came from, as the hub's own proxy saw it. The proxy
+    (configurable-http-proxy, run by root) appends the address of whoever connected to it to
     X-Forwarded-For, after whatever the client wrote there; each reverse proxy the host puts in
     front of it (``proxies_in_front``, e.g. an HTTPS nginx) appends one more. So the entry that
     many places from the end is the first one no client wrote. X-Real-Ip, which tornado's
-    ``remote_ip`` prefers to them all, is the client's own word and is never read."""
+    ``remote_ip`` prefers to them all, is the client's own word and is never read. A learner's
+    process may also talk to the hub's port on 127.0.0.1 directly, writing its own
+    X-Forwarded-For: a connection whose client end another account than root owns counts as
+    that account, whatever its headers say."""
+    peer = getattr(getattr(request.connection, "context", None), "address", None)
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        owner = socket_owner(peer, proc)
+        if owner not in (None, 0):
+            return f"uid {owner} on this machine"
+        if owner is None:                       # not the proxy, nor anyone on this machine
+            return peer[0].removeprefix("::ffff:")
     hops = [hop.strip() for line in request.headers.get_list("X-Forwarded-For")
             for hop in line.split(",") if hop.strip()]
     address = hops[max(0, len(hops) - 1 - proxies_in_front)] if hops else request.remote_ip
@@ -297,10 +330,14 @@ class WorkshopAuthenticator(WorkshopCodeAuthenticator, LocalAuthenticator):
     home_bytes = Integer(0, config=True, help="Each home's own disk (workshop/homes.py); 0: a "
                          "plain folder on the machine's disk.")
 
-    def add_system_user(self, user):
+    async def add_system_user(self, user):
         """A new account in the workshop's group, its home readable by its owner alone, on a
         disk of its own of ``home_bytes``. If the system refuses it, the name is freed again:
-        nothing is left claimed without an account."""
+        nothing is left claimed without an account. In a thread: useradd and mkfs take a
+        second on a busy machine, and the hub answers everyone else meanwhile."""
+        await asyncio.to_thread(self._make_account, user)
+
+    def _make_account(self, user):
         home = Path(self.home_root) / user.name
         subprocess.run(["groupadd", "--force", self.group], check=True)
         made = subprocess.run(["useradd", "--home-dir", str(home), "--shell", "/bin/bash",
@@ -320,27 +357,6 @@ class WorkshopAuthenticator(WorkshopCodeAuthenticator, LocalAuthenticator):
         home.chmod(0o700)
         self.log.info("workshop: created account %s with home %s%s", user.name, home,
                       f" ({self.home_bytes // 2**20} MiB disk of its own)" if self.home_bytes else "")
-
-
-# --------------------------------------------------------------------------------------------
-# The hub behind its proxy
-
-
-class ProxyToHubSocket(ConfigurableHTTPProxy):
-    """configurable-http-proxy, reaching the hub on the Unix socket it listens on
-    (JupyterHub.hub_bind_url, in the state folder, which only root may enter); learners'
-    servers and the services reach the hub through the proxy (JupyterHub.hub_connect_url). A
-    hub on 127.0.0.1 would take any learner's kernel at its word: a request sent to it directly
-    writes its own X-Forwarded-For, and the sign-in lock would count a made-up address."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        app_hub = self.hub
-        socket_path = urlparse(app_hub.bind_url).netloc           # quoted, as CHP reads it
-        # The proxy's own view of the hub: its routes, the check of its routes and its error
-        # pages (--error-target) go to the socket.
-        self.hub = Hub(connect_url=f"unix+http://{socket_path}{app_hub.base_url}",
-                       base_url=app_hub.base_url, routespec=app_hub.routespec)
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,16 +10,13 @@
 #   WORKSHOP_IP, WORKSHOP_PORT          where learners connect (default 0.0.0.0:8000)
 #   WORKSHOP_TRUSTED_PROXIES            reverse proxies in front of the hub's (e.g. an HTTPS
 #                                       nginx), each adding to X-Forwarded-For (default 0)
-#   WORKSHOP_PROXY_API_PORT, WORKSHOP_PROGRESS_PORT  internal, on 127.0.0.1
+#   WORKSHOP_HUB_PORT, WORKSHOP_PROXY_API_PORT, WORKSHOP_PROGRESS_PORT  internal, on 127.0.0.1
 #   and the plan's WORKSHOP_DEVICES, _LEARNERS, _SIGNUPS, _GPU_MEMORY_FRACTION, _THREADS,
 #   _KERNEL_IDLE_S, _SERVER_IDLE_S, _MEMORY, _TASKS, _SCRATCH, _DISK, _WALLS (workshop/plan.py).
 import atexit
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
-from urllib.parse import quote
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -36,19 +33,12 @@ STATE = Path(env["WORKSHOP_STATE"])
 COURSE = ROOT / "notebooks"                      # the self-study release, self-checks included
 settings = plan.settings_from_env()
 
-# Where the hub listens; its database and secrets. The hub itself listens on a Unix socket only
-# root can reach, and everything else reaches it through the proxy (hub.ProxyToHubSocket): no
-# learner can talk to it directly and write their own X-Forwarded-For.
+# Where the hub listens; its database and secrets. The hub's own port, on 127.0.0.1, takes
+# X-Forwarded-For only from connections root owns: the proxy's (hub.client_address).
 c.JupyterHub.ip = env.get("WORKSHOP_IP", "0.0.0.0")
 c.JupyterHub.port = int(env.get("WORKSHOP_PORT", "8000"))
-hub_socket = STATE / "hub.sock"
-if len(str(hub_socket)) > 100:          # a Unix socket's path has room for 107 bytes
-    hub_socket = Path(tempfile.mkdtemp(prefix="gpulab-hub-")) / "hub.sock"
-    atexit.register(shutil.rmtree, hub_socket.parent, True)
-c.JupyterHub.hub_bind_url = "http+unix://" + quote(str(hub_socket), safe="")
-reach = c.JupyterHub.ip if c.JupyterHub.ip not in ("", "0.0.0.0", "::") else "127.0.0.1"
-c.JupyterHub.hub_connect_url = f"http://{reach}:{c.JupyterHub.port}"
-c.JupyterHub.proxy_class = hub.ProxyToHubSocket
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = int(env.get("WORKSHOP_HUB_PORT", "8081"))
 c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
 c.JupyterHub.cleanup_servers = True      # stopping the hub stops every learner's server

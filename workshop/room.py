@@ -178,9 +178,10 @@ def start_hub(settings: dict[str, str]) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="gpulab-workshop-", dir="/home" if Path("/home").is_dir() else "/srv"))
     tmp.chmod(0o755)                       # learners must pass through to their homes
     (tmp / "homes").mkdir(mode=0o755)
-    port, api_port, progress_port = free_ports(3)
+    port, hub_port, api_port, progress_port = free_ports(4)
     env = {**os.environ, "WORKSHOP_STATE": str(tmp / "state"), "WORKSHOP_HOMES": str(tmp / "homes"),
-           "WORKSHOP_IP": "127.0.0.1", "WORKSHOP_PORT": str(port), "WORKSHOP_PROXY_API_PORT": str(api_port),
+           "WORKSHOP_IP": "127.0.0.1", "WORKSHOP_PORT": str(port),
+           "WORKSHOP_HUB_PORT": str(hub_port), "WORKSHOP_PROXY_API_PORT": str(api_port),
            "WORKSHOP_PROGRESS_PORT": str(progress_port),
            "WORKSHOP_ADMIN_CODE": "admin-" + uuid.uuid4().hex, **settings}
     log = tmp / "hub.log"
