@@ -972,6 +972,24 @@ def test_workshop_check_counts_the_learners_that_fit(tmp_path):
     assert "MIG-x: its device nodes cannot be found" in gone and "could not start" in gone
 
 
+def test_workshop_check_warns_when_a_chapter_needs_more_than_the_plan_gives(tmp_path):
+    import check
+    needs = tmp_path / "needs.json"
+    needs.write_text(json.dumps({"date": "2026-12-03", "machine": "2 cores", "chapters": {
+        "01_a": {"peak_memory_bytes": 400 * 2**20, "peak_tasks": 20},
+        "07_b": {"peak_memory_bytes": 600 * 2**20, "peak_tasks": 300}}}))
+    tight = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_MEMORY": "723M",
+                                    "WORKSHOP_DISK": "1G"})
+    text = "\n".join(check.needs_lines(tight, needs))
+    assert "largest 0.6 GiB (07_b" in text and "the peak of 07_b: past it" in text, text
+    assert "512 is below 2 x the peak of 07_b" in text and "01_a" not in text.split("largest")[1].split("\n", 1)[1]
+    roomy = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_MEMORY": "2G",
+                                    "WORKSHOP_TASKS": "1024", "WORKSHOP_DISK": "1G"})
+    assert "hold every chapter" in "\n".join(check.needs_lines(roomy, needs))
+    # The committed figures (make bench) are read as they are.
+    assert check.needs_lines(roomy)[0].startswith("  chapter needs         largest ")
+
+
 def test_each_learners_limits_follow_the_machine_and_the_host(monkeypatch):
     s = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_LEARNERS": "30"},
                                cores=16, ram=512 * 2**30)
@@ -983,6 +1001,14 @@ def test_each_learners_limits_follow_the_machine_and_the_host(monkeypatch):
     assert (s.memory_bytes, s.tasks, s.scratch_bytes, s.walls) == (768 * 2**20, 64, 3 * 2**29, False)
     assert plan.learner_limits(s, "MIG-x") == plan.Limits(768 * 2**20, 100, 64, 3 * 2**29, "MIG-x")
     assert plan.memory_per_learner(24 * 2**30, 30) == 737 * 2**20      # 2.4 GiB kept for the hub
+    s = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_LEARNERS": "30"},
+                               ram=24 * 2**30, disk_free=70 * 2**30)
+    assert (s.disk_bytes, s.signups) == (2150 * 2**20, 30)          # 2.1 GiB each, 30 places
+    s = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_DISK": "10G",
+                                "WORKSHOP_SIGNUPS": "0"}, ram=24 * 2**30)
+    assert (s.disk_bytes, s.signups) == (10 * 2**30, 0)              # every sign-up waits
+    with pytest.raises(ValueError, match="of disk per learner is too little"):
+        plan.settings_from_env({"WORKSHOP_DEVICES": "none"}, ram=24 * 2**30, disk_free=2**30)
     with pytest.raises(ValueError, match="too little"):
         plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_LEARNERS": "100"}, ram=16 * 2**30)
     with pytest.raises(ValueError, match="size such as"):

@@ -128,7 +128,10 @@ class Browser:
         result = {"stdout": "", "displays": [], "died": False}
         try:
             while True:
-                msg = json.loads(ws.recv())
+                frame = ws.recv()
+                if isinstance(frame, bytes):      # a message with binary buffers (a widget's)
+                    continue
+                msg = json.loads(frame)
                 if msg.get("parent_header", {}).get("msg_id") != msg_id:
                     if msg.get("msg_type") == "status" and msg["content"].get("execution_state") in ("restarting", "dead"):
                         result["died"] = f"the kernel is {msg['content']['execution_state']}"

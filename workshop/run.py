@@ -149,6 +149,20 @@ def main() -> None:
     except PermissionError:
         oom = (f"hub 0 (root here lacks CAP_SYS_RESOURCE to lower it), learners "
                f"+{walls.LEARNER_OOM_SCORE_ADJ}: chosen first")
+    if settings.walls:
+        # Beside the hub's start, in its cgroup: done long before a first learner's kernel starts.
+        import subprocess
+        import sysconfig
+        warm = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import walls; from pathlib import Path; "
+                f"walls.warm_shared_pages(Path({sys.executable!r}), Path({sysconfig.get_paths()['purelib']!r}))")
+        subprocess.Popen([sys.executable, "-c", warm], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        shared = ("the course's libraries are read ahead by the hub, so that their pages count in "
+                  "no learner's memory")
+    else:
+        shared = "not read ahead (WORKSHOP_WALLS=off)"
+    import check
+    short = [line.strip() for line in check.needs_lines(settings) if line.lstrip().startswith("!")]
     port = os.environ.get("WORKSHOP_PORT", "8000")
     ip = os.environ.get("WORKSHOP_IP", "0.0.0.0")
     address = room_address(ip)
@@ -170,7 +184,8 @@ GPU Training Lab workshop, planned for {settings.learners} learners
   places     {places}
   walls      {walled}
   disk       {disk}
-  OOM killer {oom}
+  shared     {shared}
+  OOM killer {oom}{"".join(chr(10) + "  " + line for line in short)}
   closed     to learners: {shut} (the course's instructor side;
              each learner works in their own copy of the release)
   GPUs       {gpus}
