@@ -9,7 +9,8 @@ Folders, relative to the repository root:
     autograder/gradebook.db    scores and the source cells autograde restores - ignored
 
 nbgrader reads this file when run from this folder (autograder/release.py and grade.py do that)
-and JupyterLab's formgrader finds it because `make lab` puts this folder on JUPYTER_CONFIG_PATH.
+and JupyterLab's Formgrader finds it because `make formgrader` (the instructor's lab, lab/instructor/)
+puts this folder on JUPYTER_CONFIG_PATH; `make lab`, the learner's, does not.
 """
 import os
 import sys

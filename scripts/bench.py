@@ -11,7 +11,10 @@
 5. workshop mode (scripts/bench_workshop.py): 30 learners signing up at once, time until all
    servers are ready, memory per learner server and the hub's own;
 6. where `make test`'s time goes (scripts/suite_durations.py): a fresh venv's setup time, and
-   pytest's durations per test file and for the slowest tests (budget: venv + suite <= 10 min).
+   pytest's durations per test file and for the slowest tests (budget: venv + suite <= 10 min);
+7. first, because it costs nothing: each chapter's prose (scripts/prose_stats.py: mean words per
+   sentence, share over 35 words, colons per sentence, against issue 35's targets, which
+   tests/test_prose.py holds every chapter to).
 """
 from __future__ import annotations
 
@@ -126,6 +129,8 @@ def main() -> None:
         print_class(int(sys.argv[sys.argv.index("--class-only") + 1]))
         return
     print(f"machine: {os.cpu_count()} CPU cores; python {sys.version.split()[0]}")
+    print("\nprose of each chapter (scripts/prose_stats.py):", flush=True)
+    subprocess.run([sys.executable, "scripts/prose_stats.py"], cwd=ROOT, check=True)
     print("\nsolution notebooks, executed top to bottom (fresh kernel each):")
     for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):
         print(f"  {path.relative_to(ROOT)}: {execute_seconds(path):6.1f} s")

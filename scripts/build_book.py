@@ -5,6 +5,9 @@
    - test cells (grading plumbing) are removed from the page (they still run, so a wrong
      worked answer would show up as an error in the build);
    - a written answer becomes a collapsed "model answer" dropdown;
+   - a markdown cell that is one `<details class="going-deeper">` or `<details class="why">`
+     block, and the generated "Words this chapter uses" box (scripts/glossary.py), become closed
+     sphinx-design dropdowns titled by their summary (markdown, math and code inside intact);
    - nbgrader's metadata and markers are dropped;
    - a first cell prints which device, torch version and date produced the page's outputs.
 2. MathJax is copied from the sphinx-mathjax-offline package into book/_build/offline_static, so
@@ -48,6 +51,35 @@ def worked_answer(source: str) -> str:
     return inside.strip("\n")
 
 
+# A markdown cell that is exactly one collapsed block (the course's prose conventions, issues 35-36).
+DETAILS_CELL = re.compile(r'\A\s*<details(?:\s+class="(?P<kind>[\w-]+)")?\s*>\s*<summary>(?P<title>.*?)</summary>'
+                          r'(?P<body>.*)</details>\s*\Z', re.S)
+DROPDOWN_KINDS = ("going-deeper", "why")
+WORDS_BOX_ID = "words-this-chapter-uses"      # scripts/glossary.py's box
+GLOSSARY_FROM_NOTEBOOK, GLOSSARY_FROM_PAGE = "../../book/glossary.md", "../glossary.md"
+
+
+def dropdown(title: str, body: str, css_class: str) -> str:
+    """A closed sphinx-design dropdown in a colon fence (a backtick fence's info string may not
+    hold the backticks of a title's inline code), longer than any colon fence inside."""
+    longest = max((len(m) for m in re.findall(r"^\s*(:{3,})", body, flags=re.M)), default=0)
+    fence = ":" * max(3, longest + 1)
+    return f"{fence}{{dropdown}} {title.strip()}\n:class-container: {css_class}\n\n{body.strip()}\n{fence}"
+
+
+def as_dropdown(cell) -> str | None:
+    """The dropdown a markdown cell becomes, or None when it is not one collapsed block."""
+    match = DETAILS_CELL.match(cell.source)
+    if not match or "<details" in match["body"]:
+        return None
+    if cell.get("id") == WORDS_BOX_ID:
+        body = match["body"].replace(f"]({GLOSSARY_FROM_NOTEBOOK})", f"]({GLOSSARY_FROM_PAGE})")
+        return dropdown(match["title"], body, "words-this-chapter-uses")
+    if match["kind"] in DROPDOWN_KINDS:
+        return dropdown(match["title"], match["body"], match["kind"])
+    return None
+
+
 def page_from(solution: Path) -> nbformat.NotebookNode:
     nb = nbformat.read(solution, as_version=4)
     cells = []
@@ -61,6 +93,8 @@ def page_from(solution: Path) -> nbformat.NotebookNode:
             tags.append("remove-cell")
         elif meta.get("solution") and cell.cell_type == "markdown":
             cell.source = f"````{{dropdown}} Show a model answer\n{cell.source.strip()}\n````"
+        elif cell.cell_type == "markdown" and (collapsed := as_dropdown(cell)) is not None:
+            cell.source = collapsed
         if "memory_calculator(" in cell.source:
             # An interactive widget needs a live kernel; the static page says so instead.
             tags.append("remove-output")

@@ -1,7 +1,9 @@
 """The book: it builds offline with warnings as errors, every chapter is a page, no grading
-plumbing shows, internal links resolve, the formula sheet agrees with gpulab, and in Chromium,
-opened from disk with the network blocked, every page renders its formulas (the book ships its
-own MathJax), logs no error, has one search field, and an answer toggle opens.
+plumbing shows, collapsed blocks are closed dropdowns, internal links resolve, the formula sheet
+agrees with gpulab, and in Chromium, opened from disk with the network blocked, every page
+renders its formulas (the book ships its own MathJax), shows no raw TeX and no MathJax error, runs
+nothing past its text column that does not scroll, logs no error, has one search field, and an
+answer toggle opens.
 
 One chapter's page is executed (EXECUTED, the cheapest): the path of `make book`, strict checks
 and the device note included. Every solution runs whole where it is graded (tests/test_pipeline.py:
@@ -86,6 +88,58 @@ def test_no_page_shows_grading_plumbing(site):
             assert marker not in text, f"{page.relative_to(site)} shows {marker!r}"
 
 
+def test_collapsed_blocks_become_closed_dropdowns():
+    """A markdown cell that is one "Going deeper" or "Why" block, or the glossary's box, becomes a
+    closed sphinx-design dropdown titled by its summary, its markdown intact (a fence inside is
+    shorter than the dropdown's; a title may hold inline code, which a backtick fence's info string
+    may not); anything else stays as it is."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from build_book import as_dropdown
+
+    body = "Some *text* and $x$.\n\n$$ t = \\alpha $$\n\n```python\nprint(1)\n```\n\n::::{note}\nnested\n::::"
+    cell = nbformat.v4.new_markdown_cell(
+        f'<details class="going-deeper"><summary>Going deeper: `cudaMemcpy` and $\\alpha$</summary>\n\n{body}\n\n</details>\n')
+    assert as_dropdown(cell) == (":::::{dropdown} Going deeper: `cudaMemcpy` and $\\alpha$\n"
+                                 f":class-container: going-deeper\n\n{body}\n:::::")
+    why = nbformat.v4.new_markdown_cell('<details class="why"><summary>Why (open it after you have checked your '
+                                        'answer)</summary>\n\nBecause.\n\n</details>')
+    assert as_dropdown(why) == ":::{dropdown} Why (open it after you have checked your answer)\n:class-container: why\n\nBecause.\n:::"
+    box = nbformat.v4.new_markdown_cell("<details><summary>Words this chapter uses</summary>\n\n- **SM**: ...\n\n"
+                                        "[the glossary](../../book/glossary.md).\n\n</details>")
+    box.id = "words-this-chapter-uses"
+    assert as_dropdown(box) == (":::{dropdown} Words this chapter uses\n:class-container: words-this-chapter-uses\n\n"
+                                "- **SM**: ...\n\n[the glossary](../glossary.md).\n:::")
+    for source in ('<details><summary>Anything</summary>\n\nx\n\n</details>',          # no class of ours
+                   'Prose first.\n\n<details class="why"><summary>Why</summary>\n\nx\n\n</details>',
+                   '<details class="why"><summary>Why</summary>\n\nx\n\n</details>\n\nProse after.',
+                   '<details class="why"><summary>A</summary>\n\nx\n\n</details>\n'
+                   '<details class="why"><summary>B</summary>\n\ny\n\n</details>'):
+        assert as_dropdown(nbformat.v4.new_markdown_cell(source)) is None, source
+
+
+def _collapsed_cells(chapter: str) -> list[tuple[str, str]]:
+    """(class, title) of each cell of a chapter that the book turns into a dropdown."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from build_book import DETAILS_CELL, as_dropdown
+
+    nb = nbformat.read(ROOT / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and as_dropdown(cell):
+            kind = "words-this-chapter-uses" if cell.id == "words-this-chapter-uses" else DETAILS_CELL.match(cell.source)["kind"]
+            found.append((kind, DETAILS_CELL.match(cell.source)["title"].strip()))
+    return found
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_collapsed_block_is_a_closed_dropdown_on_its_page(site, chapter):
+    html = (site / "chapters" / f"{chapter}.html").read_text()
+    shown = re.findall(r'<details class="sd-sphinx-override sd-dropdown[^"]*? (going-deeper|why|words-this-chapter-uses)"([^>]*)>', html)
+    expected = _collapsed_cells(chapter)
+    assert [kind for kind, _ in shown] == [kind for kind, _ in expected]
+    assert all("open" not in attributes for _, attributes in shown), "a dropdown open by default"
+
+
 def test_internal_links_resolve(site):
     checked = 0
     for page in pages(site):
@@ -126,21 +180,106 @@ def open_offline(chromium, page_file: Path):
     return page, console
 
 
-@pytest.mark.parametrize("name", ["intro", "formulas", *(f"chapters/{c}" for c in CHAPTERS)])
-def test_pages_work_offline_with_math_rendered_and_one_search_field(site, chromium, name):
+# What a reader would see go wrong, read from the page once MathJax has typeset it, with every
+# dropdown opened (their content is laid out too):
+# - raw TeX in the text (outside code and formulas): a backslash command, a TeX escape such as
+#   `\_`, a `$`; or inside a formula, a backslash MathJax left as text (`\text{train\_batch\_size}`
+#   without the textmacros package showed `train\_batch\_size`);
+# - a formula MathJax could not parse (an merror node);
+# - a table, code block, formula or image that runs past the text column without a container of
+#   its own that scrolls sideways (headless Chromium draws no scrollbars, so "has a scrollbar"
+#   is read as: an ancestor inside the column with overflow-x auto or scroll).
+RENDER_PROBE = r"""async () => {
+  if (window.MathJax && MathJax.startup) await MathJax.startup.promise;
+  document.querySelectorAll("details").forEach(d => d.open = true);
+  const article = document.querySelector("article.bd-article");
+  const skip = "pre, code, kbd, samp, script, style, textarea, mjx-container, .highlight, svg, math";
+  const tex = /\\[A-Za-z]+|\\[\\_{}^%&#$,;!()\[\]]|\$/;
+  const raw = [];
+  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode())
+    if (!n.parentElement.closest(skip) && tex.test(n.textContent)) raw.push(n.textContent.trim().slice(0, 160));
+  for (const t of article.querySelectorAll("mjx-assistive-mml mtext, mjx-assistive-mml mi"))
+    if (t.textContent.includes("\\")) raw.push("in a formula: " + t.textContent);
+  const errors = Array.from(article.querySelectorAll("mjx-container"))
+    .filter(f => f.querySelector('mjx-merror, merror, [data-mml-node="merror"]'))
+    .map(f => f.querySelector('mjx-merror, merror, [data-mml-node="merror"]').textContent.slice(0, 120));
+  const right = article.getBoundingClientRect().right + 1;
+  const wide = [];
+  for (const el of article.querySelectorAll("table, pre, mjx-container[display=true], img")) {
+    const box = el.getBoundingClientRect();
+    if (box.width === 0 || box.right <= right) continue;
+    let scrolls = false;
+    for (let a = el; a && a !== article && !scrolls; a = a.parentElement)
+      scrolls = ["auto", "scroll"].includes(getComputedStyle(a).overflowX) && a.getBoundingClientRect().right <= right;
+    if (!scrolls) wide.push(`${el.tagName.toLowerCase()} to ${Math.round(box.right)} px, column ends at ` +
+                            `${Math.round(right)}: ${el.textContent.trim().slice(0, 60)}`);
+  }
+  return {raw, errors, wide};
+}"""
+
+
+@functools.cache     # each page is opened once for the tests that read it
+def rendered(site: Path, chromium, name: str) -> dict:
     page, console = open_offline(chromium, site / f"{name}.html")
     formulas = page.locator(".math").count()        # what Sphinx marked as math
     if formulas:
         page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
                                timeout=20_000)
         page.evaluate("() => MathJax.startup.promise.then(() => true)")   # first typesetting
-        assert page.locator(".math mjx-container svg").count() == formulas, "raw LaTeX left"
-    searches = [e for e in page.locator("input[type=search], .search-button-field, .search-button")
-                .all() if e.is_visible()]
-    assert len(searches) == 1, f"{len(searches)} search fields"
+    # One MathJax container per formula (an \underbrace nests an svg in the formula's svg).
+    report = {"formulas": formulas, "typeset": page.locator(".math mjx-container").count(),
+              "searches": sum(e.is_visible() for e in page.locator(
+                  "input[type=search], .search-button-field, .search-button").all())}
+    report |= page.evaluate(RENDER_PROBE)
     page.close()
-    assert not console.blocked, f"the page asks the network for {console.blocked}"
-    assert not console.errors, console.errors
+    return report | {"console": console}
+
+
+PAGES = ["intro", "teaching", "workshop", "formulas", "glossary", *(f"chapters/{c}" for c in CHAPTERS)]
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_pages_work_offline_with_math_rendered_and_one_search_field(site, chromium, name):
+    report = rendered(site, chromium, name)
+    assert report["typeset"] == report["formulas"], "raw LaTeX left"
+    assert report["searches"] == 1, f"{report['searches']} search fields"
+    assert not report["console"].blocked, f"the page asks the network for {report['console'].blocked}"
+    assert not report["console"].errors, report["console"].errors
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_pages_show_no_raw_tex_and_no_math_error(site, chromium, name):
+    report = rendered(site, chromium, name)
+    assert not report["raw"], "raw TeX in view:\n" + "\n".join(report["raw"])
+    assert not report["errors"], f"MathJax could not typeset: {report['errors']}"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_nothing_runs_past_the_text_column_without_scrolling(site, chromium, name):
+    report = rendered(site, chromium, name)
+    assert not report["wide"], "\n".join(report["wide"])
+
+
+def test_the_render_checks_catch_planted_faults(site, chromium):
+    """The probe on a page with a raw `\\text{...}` and `$` in its text, a formula MathJax cannot
+    parse, a table too wide and a wide table that scrolls (which is fine)."""
+    page, _ = open_offline(chromium, site / "chapters" / f"{CHAPTERS[0]}.html")   # a page with MathJax
+    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20_000)
+    page.evaluate(r"""async () => {
+      await MathJax.startup.promise;
+      const article = document.querySelector("article.bd-article");
+      const p = document.createElement("p");
+      p.textContent = "the knob \\text{train\\_batch\\_size} costs $b$";
+      article.append(p, MathJax.tex2svg("\\frac{1}{", {display: true}));
+      const wide = "<table><tr><td style='white-space: nowrap'>" + "too wide ".repeat(40) + "</td></tr></table>";
+      article.insertAdjacentHTML("beforeend", wide + "<div style='overflow-x: auto'>" + wide.replace("too", "fine") + "</div>");
+    }""")
+    report = page.evaluate(RENDER_PROBE)
+    page.close()
+    assert report["raw"] == ["the knob \\text{train\\_batch\\_size} costs $b$"]
+    assert len(report["errors"]) == 1
+    assert len(report["wide"]) == 1 and "too wide" in report["wide"][0]
 
 
 def test_some_chapter_shows_formulas(site):

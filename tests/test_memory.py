@@ -205,6 +205,26 @@ def test_saved_activations_per_block_follow_korthikanti_with_1_byte_dropout_mask
         assert saved[1] - saved[0] == expected + 4 * b * s * p
 
 
+def test_one_block_saves_the_tensors_chapter_02_lists():
+    """Chapter 02, "The course GPT's layer, counted" (issue 35): one fp32 block without dropout
+    saves 8 tensors of s·b·h values and 2 of 4·s·b·h (16 in all, not 17: att @ v's output is
+    not saved, its side-by-side copy is the output projection's input), the softmax's a·s²·b,
+    and each LayerNorm's mean and 1/std (4 of b·s)."""
+    b, s, h, a = 2, 16, 128, 4                       # sbh, 4sbh, as²b and bs all differ
+    block = GPT(config(n_embd=h, n_head=a)).blocks[0]
+    weights = {p.untyped_storage().data_ptr() for p in [*block.parameters(), *block.buffers()]}
+    saved = {}
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes() // 4
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(torch.randn(b, s, h, requires_grad=True))
+    sizes = sorted(saved.values())
+    assert sizes == sorted([s * b * h] * 8 + [4 * s * b * h] * 2 + [a * s * s * b] + [b * s] * 4)
+    assert 4 * sum(sizes) == 64 * s * b * h + 4 * a * s * s * b + 16 * b * s
+
+
 def test_prediction_refuses_what_it_does_not_model():
     with pytest.raises(ValueError, match="dropout"):
         predict_training_memory(config(dropout=0.1), 1, 16, torch.float32, "sgd")

@@ -575,4 +575,5 @@ def test_each_wrong_order_breaks_what_the_chapter_says(orders):
     assert "scaler.scale" in orders["loss.backward() unscaled"][0].error
     no_update, _ = orders["no scaler.update()"]
     assert no_update.applied == pytest.approx(MAX_NORM, rel=1e-3)
-    assert no_update.error.startswith("step 2:")             # only the second step refuses
+    assert no_update.error.startswith("step 2:")             # only the second step refuses,
+    assert "unscale_() is being called after step()" in no_update.error   # at its unscale_()

@@ -61,11 +61,12 @@ QUESTIONS = {
     "ch01-md-09": "### Quiz 1: how many warps can {gpu[short]} keep in flight?\n\n{gpu[name]} has {gpu[sms]} "
                   "SMs; each SM holds at most {gpu[threads]} resident threads; a warp is {gpu[warp]} "
                   "threads.\nHow many warps can the whole GPU keep resident at once?",
-    "ch01-md-10": "### Quiz 2: reading every weight once\n\nGenerating one token with a large language model "
-                  "reads every weight from HBM once, and at small\nbatch sizes that read is most of the time "
-                  "the step takes. {decode_model[text]} model is stored\nin bfloat16 (2 bytes per "
-                  "parameter). The H200's HBM3e delivers 4.8 TB/s (datasheet; TB = 10¹²\nbytes). How many "
-                  "**milliseconds** does one full read of the weights take, at best?",
+    "ch01-md-10": "### Quiz 2: reading every weight once\n\nGenerating one *token* (a word or a piece of a word) "
+                  "with a large language model reads every\nweight from HBM once. At small\nbatch sizes that read takes most of the "
+                  "step's time. {decode_model[text]} model is stored in\n*bfloat16*, a 16-bit number "
+                  "format (2 bytes per parameter; section 3). The H200's HBM3e delivers\n4.8 TB/s "
+                  "(datasheet). How many **milliseconds** does one full read of the weights take, at\n"
+                  "best?",
     "ch01-md-15": "### Quiz 5: one weight matrix\n\nOne MLP projection of a {weight[name]} layer is a weight "
                   "matrix of shape `({weight[rows]}, {weight[cols]})` in\n`bfloat16`. How many **bytes**?",
     "ch01-md-22": "### Quiz 6: which physical GPU is `cuda:1`?\n\nA job runs with `CUDA_VISIBLE_DEVICES="
@@ -146,16 +147,20 @@ def items(p: dict) -> list[Item]:
                     "adding bandwidths is right for links working in parallel; these stages run in series."),
         )),
         Item("01-visible-physical", physical_gpu(VISIBLE, 1), "", mistakes=(
-            Mistake(1, "torch renumbers the visible GPUs from 0 in the order CUDA_VISIBLE_DEVICES lists "
-                       "them, so cuda:1 is the second GPU listed, not physical GPU 1."),
+            Mistake(1, "the CUDA runtime renumbers the visible GPUs from 0 in the order CUDA_VISIBLE_DEVICES "
+                       "lists them, so cuda:1 is the second GPU listed, not GPU 1 of the server."),
             Mistake(first_listed, "that is cuda:0, the first GPU listed. cuda:1 is the second one."),
         )),
         # Quiz 8 (reasoning): CUDA read CUDA_VISIBLE_DEVICES (unset: all 8) when the first tensor was
-        # created on the GPU; hiding every GPU afterwards changes nothing.
+        # created on the GPU; hiding every GPU afterwards changes nothing. torch 2.13 then answers
+        # device_count() from CUDA (torch/cuda/__init__.py); torch before pytorch/pytorch#175355
+        # asked NVML on the first call after init and said 0, which is why the question names 2.13.
         Item("01-late-visible-count", SERVER_GPUS, "GPUs", mistakes=(
             Mistake(0, "that is what \"\" does when it is set before CUDA starts. Here the tensor on "
                        "the GPU had already started CUDA, which read the variable then (unset: all 8 "
-                       "GPUs) and never reads it again."),
+                       "GPUs) and never reads it again; torch 2.13 asks CUDA for the count. (Torch "
+                       "releases before pytorch/pytorch#175355 did say 0 here, from NVML, while CUDA "
+                       "still used all 8 GPUs.)"),
             Mistake(1, "\"\" hides GPUs only if set before CUDA starts, and it would hide all of them, "
                        "not leave one. Here CUDA had already started with all 8 visible."),
         )),

@@ -32,16 +32,12 @@ QUESTIONS = {
     "ch02-md-09": "### Quiz 4: the largest model one card can train\n\nA GPU has {free_gib} GiB free. "
                   "Ignoring activations and temporaries, how many **parameters** at most can\nit train "
                   "with `mixed_adam`?",
-    "ch02-md-11": "### Quiz 5: one Llama-2-7B-sized layer\n\nA layer with h = 4096 and a = 32 heads, "
-                  "sequence length s = {seq}, micro-batch b = {micro_batch}, 16-bit\nactivations with "
-                  "dropout (the formula above, as written). How many **GiB** does it save for\nbackward?"
-                  "\n\n\"Llama-2-7B-sized\" means Llama-2-7B's h, a and L (Touvron et al. 2023, \"Llama 2\", "
-                  "Table 1 and\n§2.2), in the GPT-style layer the formula counts; s is the quiz's own "
-                  "(Llama 2 trained at 4096).\nLlama's own layer differs: a SwiGLU MLP with three 4096 × 11008 "
-                  "matrices instead of a 4h GELU\nMLP with two, RMSNorm instead of LayerNorm, and rotary "
-                  "position embeddings (Touvron et al. 2023,\n\"Llama 2\", §2.2); and its released code "
-                  "(meta-llama/llama, `model.py`) has no dropout and no\nbiases. So its real activations "
-                  "per layer differ from this count: no masks, and a different\nMLP.",
+    "ch02-md-11": "### Quiz 5: one Llama-2-7B-sized layer\n\nA layer with $h = 4096$ and $a = 32$ heads, "
+                  "sequence length $s = {seq}$, micro-batch $b = {micro_batch}$,\n16-bit activations with "
+                  "dropout (the formula above, as written). How many **GiB** does it save\nfor backward?"
+                  "\n\n\"Llama-2-7B-sized\" means Llama-2-7B's $h$, $a$ and number of layers, in the "
+                  "GPT-style layer the\nformula counts. The sequence length is the quiz's own. Llama's own "
+                  "layer differs, as the block\nafter this quiz explains.",
     "ch02-md-35": "### Quiz 13: the allocator's rounding\n\nHow many bytes does the CUDA caching allocator "
                   "count for a `float32` tensor of {alloc_values} values?",
 }
@@ -140,7 +136,9 @@ def items(p: dict) -> list[Item]:
         Item("02-gpt-params", course_params, "parameters", mistakes=(
             Mistake(course_params - V * h, "you tied the head to the token embedding; this GPT's head "
                                            "has its own V·h weights."),
-            Mistake(course_params - L * 13 * h, "you left out the biases and LayerNorm weights: 13h per block."),
+            # Every bias and LayerNorm weight left out: 13h per block and the final LayerNorm's 2h.
+            Mistake(course_params - L * 13 * h - 2 * h, "you left out the biases and LayerNorm weights: "
+                                                        "13h per block and the final LayerNorm's 2h."),
             Mistake(12 * L * h * h, "that is 12·L·h² alone; add the embeddings (V·h + T·h), the head "
                                     "(V·h), the biases and LayerNorms (13h per block, 2h final)."),
         )),

@@ -73,14 +73,14 @@ QUESTIONS = {
                   "layer take for those {tokens} tokens, forward and\nbackward?",
     "ch03-md-06": "### Quiz 3: the course GPT, per token\n\nThe course GPT with `GPTConfig(vocab_size=1000, "
                   "block_size=128, n_layer={gpt[n_layer]}, n_head=4, n_embd={gpt[n_embd]})`\nhas "
-                  "{gpt[n_all]:,} parameters, of which the token embedding (1000 × {gpt[n_embd]}) and the "
-                  "position embedding\n(128 × {gpt[n_embd]}) are table lookups: they do no arithmetic, so "
-                  "6N counts the other N = {gpt[n]:,} (the\nhead, {gpt[n_embd]} × 1000, is a real matmul "
-                  "and counts). How many training FLOPs per token does it take\nat sequence length 128, "
-                  "**including** attention's 12·L·h·s?",
-    "ch03-md-07": "### Quiz 4: a whole training run\n\n{run[name]} (N = {run[n_text]}) was trained on D = "
-                  "{run[d_text]} tokens. With C ≈ 6·N·D, how many FLOPs is\nthat?",
-    "ch03-md-09": "### Quiz 5: what MFU is that?\n\nA {run[name]} run (N = {run[n_text]}, use 6N FLOPs per "
+                  "{gpt[n_all]:,} parameters. Two of its weights are lookup tables: the token embedding (1000 × "
+                  "{gpt[n_embd]})\nand the position embedding (128 × {gpt[n_embd]}). Looking up a row does "
+                  "no arithmetic, so $6N$ counts the\nother $N$ = {gpt[n]:,}. (The head, {gpt[n_embd]} × 1000, "
+                  "is a real matmul and counts.) How many\ntraining FLOPs per token does it take at sequence "
+                  "length 128, **including** attention's\n$12\\,L\\,h\\,s$?",
+    "ch03-md-07": "### Quiz 4: a whole training run\n\n{run[name]} ($N$ = {run[n_text]}) was trained on $D$ = "
+                  "{run[d_text]} tokens. With $C \\approx 6ND$, how many FLOPs is\nthat?",
+    "ch03-md-09": "### Quiz 5: what MFU is that?\n\nA {run[name]} run ($N$ = {run[n_text]}, use $6N$ FLOPs per "
                   "token) processes {tokens_per_gpu_s:,} tokens per second on\neach H100 SXM (dense bf16 "
                   "peak 989.4 TFLOP/s). What is its MFU, as a **fraction** (e.g. 0.5)?",
     "ch03-md-10": "### Quiz 6: how many days?\n\nHow many **days** does the run of Quiz 4 take on {gpus} "
@@ -89,10 +89,10 @@ QUESTIONS = {
                   "bf16 matmul [32, {depth}] × [{depth}, {depth}]?\nCount reading both inputs and writing "
                   "the output once.",
     "ch03-md-rows": "### Quiz 11: how many rows make it compute-bound?\n\nKeep the bf16 weight [{depth}, "
-                    "{depth}] of Quiz 8 and give the input more rows: [B, {depth}] × [{depth},\n{depth}]. "
-                    "What is the **smallest whole number of rows** B for which the matmul is compute-bound "
+                    "{depth}] of Quiz 8 and give the input more rows: [$m$, {depth}] × [{depth},\n{depth}]. "
+                    "What is the **smallest whole number of rows** $m$ for which the matmul is compute-bound "
                     "on\nan H100 SXM (989.4 TFLOP/s dense bf16, 3.35 TB/s)? Count all three tensors, as in "
-                    "Quiz 8. (Is\n\"intensity ≈ B\" good enough here?)",
+                    "Quiz 8. (Is\n\"intensity ≈ $m$\" good enough here?)",
     "ch03-md-16": "### Quiz 12: an element-wise add\n\n`z = x + y` on two bf16 vectors of {add[text]} elements "
                   "each, on an H100 SXM (3.35 TB/s). How many\n**milliseconds** does it take at least? "
                   "(Count every byte read and written.)",
@@ -125,7 +125,7 @@ def items(p: dict) -> list[Item]:
     add_bytes = 3 * ADD_ELEMENTS * 2                        # read x, read y, write z
 
     def rows_to_compute_bound(peak: float = PEAK, bytes_per_value: int = 2) -> int:
-        """Smallest B for which [B, D] x [D, D] is compute-bound (arith.bound decides)."""
+        """Smallest m for which [m, D] x [D, D] is compute-bound (arith.bound decides)."""
         return next(b for b in range(1, 100_000)
                     if arith.bound(arith.matmul_flops(b, depth, width),
                                    arith.matmul_bytes(b, depth, width, bytes_per_value),
@@ -181,7 +181,7 @@ def items(p: dict) -> list[Item]:
         # 0.2%: 31.75 passes to three figures; 32 (0.8% off) and 31.875 (0.4% off) are named slips.
         Item("03-intensity-b32", arith.arithmetic_intensity(skinny_flops, skinny_bytes), "FLOPs/byte",
              rel_tol=0.002, mistakes=(
-            Mistake(skinny_flops / weights_bytes, "32 is the ≈ B shortcut, which is also what the "
+            Mistake(skinny_flops / weights_bytes, "32 is the ≈ m shortcut, which is also what the "
                     "weight's bytes alone give; the question counts all three tensors: the input and "
                     f"the output ([32, {depth}] each) add bytes, so the intensity is a little under 32."),
             Mistake(skinny_flops / two_tensor_bytes, "you counted two of the three tensors: reading "
@@ -210,9 +210,9 @@ def items(p: dict) -> list[Item]:
         # intensity (the summary's ≈ 295 gives 318, the exact 295.3 gives 319).
         Item("03-rows-compute-bound", rows_to_compute_bound(), "rows", abs_tol=1.0, mistakes=(
             # (The shortcut rounded down, one row less, gets the same words: within the ±1.)
-            Mistake(math.ceil(critical), "that is the ≈ B shortcut (B ≥ the critical intensity); the "
-                         "exact intensity 2BDF / (2(BD + DF + BF)) stays below B, so a few more rows "
-                         "are needed: solve it for B."),
+            Mistake(math.ceil(critical), "that is the ≈ m shortcut (m ≥ the critical intensity); the "
+                         "exact intensity 2mkn / (2(mk + kn + mn)) stays below m, so a few more rows "
+                         "are needed: solve it for m."),
             # Twice the peak and twice the bytes per value both double the rows needed.
             Mistake(rows_to_compute_bound(peak=2 * PEAK), "about twice too many: did you use the "
                     "with-sparsity peak (1,979 TFLOP/s) or 4 bytes per value? Use the dense 989.4 "

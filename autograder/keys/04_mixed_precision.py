@@ -43,19 +43,19 @@ PARAMS = {
     "model": Param({"n": 7e9, "name": "7B"}, tuple({"n": n * 1e9, "name": f"{n}B"} for n in (1, 3, 7, 13, 34, 70))),
 }
 QUESTIONS = {
-    "ch04-md-17": "### Quiz 7: how small is a logit gradient?\n\n{logits[vocab_name]}'s vocabulary has V = "
-                  "{logits[vocab]:,} entries. With micro-batch b = {logits[b]} and sequence s = {logits[s]}, "
-                  "at\ninitialisation (p ≈ 1/V everywhere), what is the gradient of the mean loss with "
-                  "respect to one\n*wrong* entry's logit?",
+    "ch04-md-17": "### Quiz 7: how small is a logit gradient?\n\n{logits[vocab_name]}'s vocabulary has $V$ = "
+                  "{logits[vocab]:,} entries. With micro-batch $b$ = {logits[b]} and sequence $s$ = "
+                  "{logits[s]}, at\ninitialisation ($p \\approx 1/V$ everywhere), what is the gradient of "
+                  "the mean loss with respect to one\n*wrong* entry's logit?",
     "ch04-md-18": "### Quiz 8: the loss scale that rescues it\n\nTake a gradient of {logits[g_text]}. What is "
-                  "the smallest power-of-two loss scale S for which\nS × {logits[g_text]} is at least fp16's "
-                  "smallest **normal** number (so it keeps its full 11\nsignificant bits)?",
+                  "the smallest power-of-two loss scale $S$ for which\n$S$ × {logits[g_text]} is at least "
+                  "fp16's smallest **normal** number (so it keeps its full 11\nsignificant bits)?",
     "ch04-md-30": "### Quiz 10: model state under Megatron's recipe\n\nHow many **GB** (10⁹ bytes) of model "
                   "state does a {model[name]}-parameter model need with bf16 weights,\nfp32 gradients, fp32 "
                   "master weights and fp32 Adam moments (`mixed_adam_fp32_grads`)?",
     "ch04-md-31": "### Quiz 11: what 16-bit weights save on model state\n\nFor the same {model[name]} model, "
-                  "how many **GB** of model state does the ZeRO paper's mixed recipe (16-bit\nweights and "
-                  "gradients, an fp32 master copy of the weights, fp32 Adam moments) save compared with\n"
+                  "take the ZeRO paper's mixed recipe: 16-bit weights and\ngradients, an fp32 master copy of "
+                  "the weights, fp32 Adam moments. How many **GB** of model state does it\nsave compared with "
                   "plain fp32 AdamW (everything fp32, no extra copy)? (Negative if it costs memory.)",
 }
 # The formats' constants are facts of the formats; 2049 is the first integer fp16 cannot hold;

@@ -30,7 +30,8 @@ def matmul_bytes(m: int, k: int, n: int, bytes_per_value: int = 2) -> int:
     Both inputs read once from memory and the output written once, p bytes per value (2 for
     bf16/fp16, 4 for fp32). A lower bound: a kernel whose tiles do not fit on chip re-reads
     inputs. Source: formulas.md, "Roofline" (2·(B·D + D·F + B·F) for 2-byte values); How to
-    Scale Your Model, "All the Transformer Math". Chapter 03, "The roofline".
+    Scale Your Model, "All the Transformer Math".
+    Chapter 03, "Arithmetic intensity and the roofline".
     """
     check_positive_integers(m=m, k=k, n=n, bytes_per_value=bytes_per_value)
     return bytes_per_value * (m * k + k * n + m * n)
@@ -87,7 +88,7 @@ def mfu(tokens_per_second: float, flops_per_token: float, peak_flops_per_second:
     recomputation, so MFU compares runs that recompute differently. ``peak_flops_per_second`` is
     the peak of all chips together. Source: Chowdhery et al. 2022, "PaLM", §4.1 and appendix B:
     238.3K tokens/s on 6144 TPU v4 chips of 275 TFLOP/s: 45.7% from 6N alone, 46.2% with the
-    attention term. Chapter 03, "MFU".
+    attention term. Chapter 03, "Model FLOPs, hardware FLOPs, and MFU".
     """
     _positive(tokens_per_second=tokens_per_second, flops_per_token=flops_per_token,
               peak_flops_per_second=peak_flops_per_second)
@@ -97,9 +98,9 @@ def mfu(tokens_per_second: float, flops_per_token: float, peak_flops_per_second:
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     """FLOPs per byte moved to or from memory: flops / bytes_moved.
 
-    For a bf16 [B, D] x [D, F] matmul it is 2·B·D·F / (2·(B·D + D·F + B·F)), about B when
-    B ≪ D, F. Source: Williams, Waterman, Patterson 2009, "Roofline" (operational intensity);
-    formulas.md, "Roofline". Chapter 03, "The roofline".
+    For a bf16 [m, k] x [k, n] matmul it is 2·m·k·n / (2·(m·k + k·n + m·n)), about m when
+    m ≪ k, n. Source: Williams, Waterman, Patterson 2009, "Roofline" (operational intensity);
+    formulas.md, "Roofline". Chapter 03, "Arithmetic intensity and the roofline".
     """
     _positive(flops=flops, bytes_moved=bytes_moved)
     return flops / bytes_moved
@@ -133,7 +134,7 @@ def critical_intensity(peak_flops_per_second: float, bandwidth: float) -> float:
 
     Below it a kernel is memory-bound, above it compute-bound. H100 SXM, bf16 dense:
     989e12 / 3.35e12 ≈ 295 FLOPs/byte. Source: Williams, Waterman, Patterson 2009, "Roofline";
-    formulas.md, "Roofline". Chapter 03, "The roofline".
+    formulas.md, "Roofline". Chapter 03, "Arithmetic intensity and the roofline".
     """
     _positive(peak_flops_per_second=peak_flops_per_second, bandwidth=bandwidth)
     return peak_flops_per_second / bandwidth
@@ -146,7 +147,8 @@ def roofline_seconds(flops: float, bytes_moved: float, peak_flops_per_second: fl
     The roofline model assumes compute and memory traffic overlap perfectly, so the slower of
     the two sets the time; real kernels take longer (launch overhead, imperfect overlap). Source:
     Williams, Waterman, Patterson 2009, "Roofline: An Insightful Visual Performance Model for
-    Multicore Architectures", CACM 52(4); formulas.md, "Roofline". Chapter 03, "The roofline".
+    Multicore Architectures", CACM 52(4); formulas.md, "Roofline".
+    Chapter 03, "Arithmetic intensity and the roofline".
     """
     _positive(flops=flops, bytes_moved=bytes_moved,
               peak_flops_per_second=peak_flops_per_second, bandwidth=bandwidth)
@@ -159,7 +161,7 @@ def bound(flops: float, bytes_moved: float, peak_flops_per_second: float,
 
     Equivalently, whether the arithmetic intensity is above or below the critical intensity
     (a tie counts as "compute": the kernel would just reach the peak). Source: Williams,
-    Waterman, Patterson 2009, "Roofline". Chapter 03, "The roofline".
+    Waterman, Patterson 2009, "Roofline". Chapter 03, "Arithmetic intensity and the roofline".
     """
     _positive(flops=flops, bytes_moved=bytes_moved,
               peak_flops_per_second=peak_flops_per_second, bandwidth=bandwidth)
@@ -179,7 +181,8 @@ def training_days(n_params: float, n_tokens: float, n_gpus: int,
     runs). Attention is left out, as in 6·N·D. Worked example (LLaMA, Touvron et al. 2023, §2.4):
     65.2B parameters on 1.4T tokens on 2048 A100-80GB at 380 tokens/s/GPU, "approximately
     21 days": MFU = 6·65.2e9·380 / 312e12 = 47.6%, and this gives 20.8 days. Source: Kaplan
-    et al. 2020 (C ≈ 6·N·D); formulas.md, "Compute". Chapter 03, "How long will it train?".
+    et al. 2020 (C ≈ 6·N·D); formulas.md, "Compute".
+    Chapter 03, "Model FLOPs, hardware FLOPs, and MFU".
     """
     _positive(n_params=n_params, n_tokens=n_tokens, peak_flops_per_second=peak_flops_per_second,
               mfu=mfu)

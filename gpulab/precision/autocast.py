@@ -152,7 +152,8 @@ def autocast_saved_bytes(config: GPTConfig, batch: int, seq_len: int, device_typ
     16-bit ``torch.autocast(device_type)`` saves for backward, by dtype, as
     ``saved_tensor_bytes(..., exclude=model.parameters())`` measures it, with separate
     ``idx`` and ``targets``. Symbols: b batch, s seq_len, n = b·s tokens, h n_embd, a n_head,
-    L n_layer, V vocab_size, T block_size. Chapter 04, "Activations under autocast".
+    L n_layer, V vocab_size, T block_size.
+    Chapter 04, "Activations under autocast, one layer at a time".
 
     16-bit (per block): the inputs of c_attn, c_proj, c_fc (2nh each), q, k, v (6nh), GELU's
     input and the MLP projection's input (8nh each): 28nh; the copies of the four weight

@@ -42,7 +42,8 @@ def optimizer_step_without_scaler(model, loss, optimizer, scaler) -> float:
     scaler.scale(loss).backward()
     seen = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
     optimizer.step()                          # never unscaled, and inf is not skipped; with no
-    return float(seen)                        # scaler.step(), update() would raise: left out
+    return float(seen)                        # scaler.step(), update() raises ("No inf checks
+                                              # were recorded prior to update."): left out
 
 
 def backward_without_scale(model, loss, optimizer, scaler) -> float:
@@ -58,7 +59,7 @@ def no_update(model, loss, optimizer, scaler) -> float:
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
     seen = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-    scaler.step(optimizer)                    # the next step() raises: update() never came
+    scaler.step(optimizer)                    # the next unscale_() raises: update() never came
     return float(seen)
 
 
@@ -103,8 +104,11 @@ def _loss(model, x, y, device):
 def measure_order(order: str, device=None, init_scale: float = 2.0 ** 16, steps: int = 2) -> OrderResult:
     """Run ``steps`` training steps of ``ORDERS[order]`` on the same small model and batch, under
     fp16 autocast: the first step's norms, the weights and the scale after all of them, and the
-    error a later step raised (a missing ``update()`` shows only at the second ``step()``). ``init_scale=2**40`` makes every scaled
-    gradient overflow fp16 (inf): the right order skips those steps, a wrong one may not."""
+    error a later step raised. A missing ``update()`` shows only in the second step, whose
+    ``unscale_()`` raises "unscale_() is being called after step()"; a loop without ``unscale_``
+    hears it from ``scaler.step()``, "step() has already been called since the last update()"
+    (torch/amp/grad_scaler.py). ``init_scale=2**40`` makes every scaled gradient overflow fp16
+    (inf): the right order skips those steps, a wrong one may not."""
     device = torch.device("cpu" if device is None else device)
     model, (x, y) = _model(device), _batch(device)
     reference = _model(device)                # the true gradient: fp32, no autocast, no scale

@@ -106,7 +106,7 @@ def step_seconds(config: GPTConfig, precision: str, batch: int, seq_len: int, de
                  data: torch.Tensor | None = None, steps: int = 10, warmup: int = 3,
                  lr: float = 3e-4) -> float:
     """Seconds per training step in ``precision``, timed so that a GPU shows its real speed.
-    Chapter 04, "Speed: training steps per precision".
+    Chapter 04, "Experiment 7: training speed per precision".
 
     - Warm-up: the first steps pay one-time costs (cuBLAS handles and kernel selection, Adam's
       state allocated at the first ``step()``, the allocator growing its cache, GradScaler's
@@ -117,7 +117,8 @@ def step_seconds(config: GPTConfig, precision: str, batch: int, seq_len: int, de
       (``_step_supports_amp_scaling``; otherwise ``GradScaler.step`` reads it with ``.item()``
       every step, a host sync on a GPU). The clock stops after one ``synchronize`` at the end.
     - Size: each step must do enough arithmetic per kernel launch that the GPU is not waiting
-      for Python (chapter 03, "launch overhead"); a tiny model shows no gain from bf16 on a GPU.
+      for Python (chapter 03, "Compute-, memory- and overhead-bound"); a tiny model shows no
+      gain from bf16 on a GPU.
     """
     device = torch.device(device)
     data = text_corpus() if data is None else data
