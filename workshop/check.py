@@ -206,7 +206,7 @@ def main() -> int:
         print("\n".join(node_lines(settings.devices, pynvml)))
     for model, layout in MIG_LAYOUTS.items():
         if any(model in d.name and d.parent is None for d in devices):
-            print(f"\n  MIG on {model}: {layout} isolates learners in hardware (README, 'Running a workshop').")
+            print(f"\n  MIG on {model}: {layout} isolates learners in hardware (docs/workshop.md).")
             break
     if not walled:
         print("\nVerdict: NO WALLS: this machine has neither systemd nor writable cgroups, so one "

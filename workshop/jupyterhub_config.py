@@ -1,6 +1,6 @@
 # JupyterHub configuration of the course's workshop mode. Started by `make workshop`
-# (workshop/run.py), which sets the variables below; see workshop/plan.py for the plan's and the
-# README's "Running a workshop" for the whole picture.
+# (workshop/run.py), which sets the variables below; see workshop/plan.py for the plan and
+# docs/workshop.md for the whole picture.
 #
 #   WORKSHOP_CODE, WORKSHOP_ADMIN_CODE  the learners' sign-up code and the admin's password
 #   WORKSHOP_ADMIN                      the admin's name (default host)

@@ -46,7 +46,7 @@ LEARNER_FOOTPRINT_BYTES = 4 * GiB
 # hundred MiB, outside the caching allocator and so outside its cap) and the allocator's rounding.
 CONTEXT_RESERVE = 0.15
 # RAM kept outside the learners' limits: the hub, its proxy and services (320 MiB measured with
-# 30 learners, README), the system, the page cache. The larger of 2 GiB and a tenth of the RAM.
+# 30 learners, docs/workshop.md), the system, the page cache. The larger of 2 GiB and a tenth of the RAM.
 HUB_RESERVE_MIN_BYTES = 2 * GiB
 HUB_RESERVE_SHARE = 0.10
 DISK_RESERVE_SHARE = 0.10     # of the homes' disk, kept free for the system, the hub's state

@@ -1,5 +1,5 @@
 """The walls around each learner: memory, CPU share, tasks and devices, applied with what the
-host has (README, "Running a workshop"). One plan (plan.Limits), two ways to apply it:
+host has (docs/workshop.md). One plan (plan.Limits), two ways to apply it:
 
 - **systemd** (every real GPU server; sd_booted(3): /run/systemd/system exists): the learner's
   server starts inside ``systemd-run --scope`` with the plan as unit properties
