@@ -68,3 +68,13 @@ def test_a_table_without_predictions_says_so_once_and_that_all_agree():
     text = table([Row(f"collective {i}", 3, 3) for i in range(12)])
     assert len(text.splitlines()) == 1 + 12 + 2
     assert text.count("No prediction of yours yet") == 1 and "Every row is within its tolerance." in text
+
+
+def test_a_prediction_that_agrees_with_the_formula_is_not_sent_back_to_its_working():
+    from gpulab.course.predict import Row, line, table
+    # chapter 07's ladder: prediction 1.5, formula 1.577 (5% apart), measured 1.877
+    row = Row("speed-up", 1.877, 1.577, mine=1.5, tolerance=0.2)
+    assert row.outside and not row.formula_matches
+    assert "recheck" not in line("speed-up", 1.877, 1.577, 1.5, tolerance=0.2)
+    assert "recheck" not in table([row])
+    assert Row("speed-up", 1.6, 1.577, mine=1.0, tolerance=0.2).formula_matches

@@ -259,8 +259,9 @@ def items(p: dict) -> list[Item]:
                     "segment to the driver; the 14.85 GiB left are free pieces of partly used "
                     "segments, which empty_cache cannot release either."),
             Mistake("other_process", "900 MiB free is 0.88 GiB, so total − free − reserved = "
-                    "79.19 − 0.88 − 76.05 = 2.26 GiB is outside PyTorch: a CUDA context and little "
-                    "else. The memory is in PyTorch's cache."),
+                    "79.19 − 0.88 − 76.05 = 2.26 GiB is outside PyTorch, your own CUDA context "
+                    "included: far less than the 14.85 GiB in PyTorch's own cache. The memory is "
+                    "there, in the cache."),
         )),
         Item("08-assert-env", "cuda_launch_blocking", "",
              choices=("cuda_launch_blocking", "torch_use_cuda_dsa", "cuda_visible_devices",

@@ -73,9 +73,12 @@ class Row:
 
     @property
     def formula_matches(self) -> bool:
-        """The learner's prediction is off but the formula matches: recheck the working."""
+        """The formula matches the measurement and the learner's prediction differs from the
+        formula by more than the tolerance: recheck the working. (A prediction that agrees with
+        the formula is not a slip, even when the measurement lies between the two tolerances.)"""
         return (self.prediction is not None and bool(self.formula)
-                and abs(self.measured / self.formula - 1) <= self.tolerance)
+                and abs(self.measured / self.formula - 1) <= self.tolerance
+                and abs(self.prediction / self.formula - 1) > self.tolerance)
 
 
 def line(what: str, measured: float, formula: float | None, mine=None, tolerance: float = 0.05,
