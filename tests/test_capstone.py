@@ -123,6 +123,14 @@ def test_your_budget_is_drawn_as_your_quizzes_numbers_are(tmp_path, monkeypatch)
         items, _ = variants.student_key(KEY, "fall-2026", student, "12_capstone")
         assert {i.id: i for i in items}["12-run-fits"].judge_args == drawn[student]
     assert len(set(drawn.values())) >= 2
+    # Graded: the kernel runs in autograded/<student>/12_capstone, and draws for that folder.
+    folder = tmp_path / "autograded" / "bob" / "12_capstone"
+    folder.mkdir(parents=True)
+    (folder / variants.VARIANTS_FILE).write_text((tmp_path / variants.VARIANTS_FILE).read_text())
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    monkeypatch.setenv("GPULAB_STUDENT", "eve")
+    assert budgets.mine().name == drawn["bob"]
 
 
 # ------------------------------------------------------------------------------------------
