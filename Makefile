@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 # Extra arguments for JupyterLab, e.g. LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888".
 LAB_ARGS ?=
 # Graded releases carry no self-checks: make release GRADED=1 (each student's own numbers when
-# autograder/nbgrader_config.py sets a course seed: README, "Per-student numbers").
+# autograder/nbgrader_config.py sets a course seed: docs/teaching.md, "Per-student numbers").
 GRADED ?=
 
 READY := $(VENV)/.gpulab-ready
@@ -18,7 +18,7 @@ BIN   := $(VENV)/bin
 # JupyterHub's proxy for workshop mode, from npm (workshop/package-lock.json pins it).
 WORKSHOP_PROXY := workshop/node_modules/.bin/configurable-http-proxy
 
-.PHONY: setup lab test release autograde feedback book bench gpu-check doctor clean screenshots \
+.PHONY: setup lab formgrader test release autograde feedback book bench gpu-check doctor clean screenshots \
 	workshop workshop-check workshop-remove-learners
 
 setup: $(READY)
@@ -26,15 +26,23 @@ setup: $(READY)
 $(READY): pyproject.toml scripts/setup_venv.sh
 	@scripts/setup_venv.sh "$(PYTHON)" "$(VENV)" "$(TORCH)"
 
+# The learner's JupyterLab (make lab) and the instructor's (make formgrader, docs/teaching.md):
+# the same course, each with its settings in lab/. Only the instructor's has nbgrader's tools
+# and reads its configuration (autograder/); the learner's writes nothing into autograder/.
 # Containers and cloud machines often run as root, which Jupyter refuses unless told.
 # nbgrader runs `alembic` by name when the Formgrader first opens its gradebook: the venv's bin/
-# goes first on PATH. (tests/test_browser.py starts JupyterLab with this same command line.)
-LAB_COMMAND = PATH="$(abspath $(BIN)):$$PATH" JUPYTER_CONFIG_PATH="$(CURDIR)/autograder" \
+# goes first on PATH. (tests/test_browser.py starts both labs with these same command lines.)
+LEARNER_CONFIG    := $(CURDIR)/lab/learner:$(CURDIR)/lab
+INSTRUCTOR_CONFIG := $(CURDIR)/lab/instructor:$(CURDIR)/autograder:$(CURDIR)/lab
+LAB_COMMAND = PATH="$(abspath $(BIN)):$$PATH" \
 	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks \
 	$(if $(filter 0,$(shell id -u)),--allow-root)
 
 lab: $(READY)
-	$(LAB_COMMAND) $(LAB_ARGS)
+	JUPYTER_CONFIG_PATH="$(LEARNER_CONFIG)" $(LAB_COMMAND) $(LAB_ARGS)
+
+formgrader: $(READY)
+	JUPYTER_CONFIG_PATH="$(INSTRUCTOR_CONFIG)" $(LAB_COMMAND) $(LAB_ARGS)
 
 # Unit tests, the nbgrader round trip, the browser tests and the book, on 2 workers. Each chapter
 # runs whole once: with the solution's worked answers, graded in the sandbox, experiments included
@@ -51,7 +59,7 @@ test: $(READY) $(WORKSHOP_PROXY)
 doctor: $(READY)
 	$(BIN)/python -m gpulab doctor
 
-# Instructor workflow (README, "Teaching with nbgrader").
+# Instructor workflow (docs/teaching.md).
 release: $(READY)
 	$(BIN)/python autograder/release.py $(if $(GRADED),--graded)
 
@@ -76,7 +84,7 @@ screenshots: $(READY)
 	@scripts/need_system_package.sh chromium chromium "the browser tests and make screenshots"
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/screenshots.py
 
-# Workshop mode (README, "Running a workshop"): one JupyterHub for a room of learners on this
+# Workshop mode (docs/workshop.md): one JupyterHub for a room of learners on this
 # machine, as root. Settings are variables, e.g. make workshop WORKSHOP_LEARNERS=30
 # WORKSHOP_DEVICES=MIG-...,MIG-... (workshop/plan.py lists them all).
 $(WORKSHOP_PROXY): workshop/package-lock.json

@@ -34,15 +34,17 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
+from traitlets.config.loader import PyFileConfigLoader
 
 import intake
 from release import AUTOGRADER, chapters, course_seed, nbgrader, release, start_nbgrader
-from secure_grading import INTEGRITY_LOG, PROGRESS_LOG, printable, sandbox_warnings
+from secure_grading import INTEGRITY_LOG, PROGRESS_LOG, ExecuteSandboxed, printable, sandbox_warnings
 
 SUBMITTED = AUTOGRADER / "submitted"
 FEEDBACK = AUTOGRADER / "feedback"
 # A finding that names a time limit: `make autograde` lists these submissions at the end.
-TIME_LIMIT = re.compile(r"execution stopped: (the notebook ran past its time limit|a cell ran longer)")
+TIME_LIMIT = re.compile(r"execution stopped: (the notebook ran past its time limit|a cell ran longer)"
+                        r"|grading stopped: its grading ran past the limit")
 
 
 def submitted_chapters() -> list[str]:
@@ -56,8 +58,9 @@ def submitted_chapters() -> list[str]:
 
 
 def _student_folders() -> list[Path]:
-    return sorted(Path(e.path) for e in os.scandir(SUBMITTED) if e.is_dir(follow_symlinks=False)) \
-        if SUBMITTED.is_dir() else []
+    """Students' folders, as nbgrader's globs see them (a name starting with '.' is skipped)."""
+    return sorted(Path(e.path) for e in os.scandir(SUBMITTED) if e.is_dir(follow_symlinks=False)
+                  and not e.name.startswith(".")) if SUBMITTED.is_dir() else []
 
 
 def _log_lines(name: str) -> list[dict]:
@@ -89,16 +92,18 @@ class Progress:
         self.read_to[name] += len(complete)
         return [json.loads(line) for line in complete.decode().splitlines()]
 
-    def update(self) -> None:
+    def update(self) -> list[str]:
+        """Print what is new; the students graded since the last call."""
         for finding in self._new_lines(INTEGRITY_LOG):
             print(f"  finding  {printable(str(finding['student']))}: {printable(finding['finding'])}", flush=True)
-        graded = len(self._new_lines(PROGRESS_LOG))
+        graded = [line["student"] for line in self._new_lines(PROGRESS_LOG)]
         if graded:
-            self.done += graded
+            self.done += len(graded)
             elapsed = time.monotonic() - self.start
             left = elapsed / self.done * max(0, self.total - self.done)
             print(f"  {self.chapter}: {self.done}/{self.total} graded, {_clock(elapsed)} elapsed, "
                   f"about {_clock(left)} left", flush=True)
+        return graded
 
 
 def _clock(seconds: float) -> str:
@@ -116,6 +121,8 @@ class Run:
     def __init__(self, *args: str):
         self.log = tempfile.TemporaryFile(mode="w+")
         self.process = start_nbgrader(*args, output=self.log.fileno())
+        self.since = time.monotonic()      # when it started on the submission it is grading
+        self.over_limit = False
 
     def finish(self) -> tuple[int, dict[str, str]]:
         """(exit status, {student: why} for each student nbgrader reported an error for)."""
@@ -146,13 +153,23 @@ def died(status: int) -> bool:
     return status not in (0, 1)
 
 
-def autograde(chapter: str, jobs: int) -> dict[str, str]:
+def submission_timeout() -> int:
+    """Seconds one submission's grading may take (``c.ExecuteSandboxed.submission_timeout``)."""
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(AUTOGRADER)).load_config()
+    return int(config.ExecuteSandboxed.get("submission_timeout", ExecuteSandboxed.submission_timeout.default_value))
+
+
+def autograde(chapter: str, jobs: int, limit: float) -> dict[str, str]:
     """nbgrader autograde, with the students split over ``jobs`` processes (each one runs a
     notebook at a time; the gradebook is SQLite, whose writes are short and wait on a lock).
     nbgrader goes on past a submission that fails; a process that dies (a crash, a hard exit)
     leaves the rest of its students, which are graded at once in a process of their own, without
-    the student it died at. Returns {student: why} for those who could not be graded."""
-    students = sorted(p.parent.name for p in SUBMITTED.glob(f"*/{chapter}") if p.is_dir())
+    the student it died at. A process that spends more than ``limit`` seconds on one submission
+    (from its last graded one, or its start: nbgrader's look at the files, sanitising and
+    inspecting the HTML, the run, the verdicts, saving them) is stopped there, and the submission
+    gets zero and a finding. Returns {student: why} for those who could not be graded."""
+    students = sorted(p.parent.name for p in SUBMITTED.glob(f"*/{chapter}")
+                      if p.is_dir() and not intake.invalid_student_id(p.parent.name))
     groups = [students[i::jobs] for i in range(max(1, min(jobs, len(students))))]
     print(f"grading {chapter}: {len(students)} submissions, {len(groups)} at a time", flush=True)
     progress = Progress(chapter, len(students))
@@ -164,20 +181,37 @@ def autograde(chapter: str, jobs: int) -> dict[str, str]:
                           f"--CourseDirectory.student_id_exclude={others}")
 
     running = [start(group) for group in groups]
+
+    def note_progress() -> None:
+        for student in progress.update():
+            for group, run in running:
+                if student in group:
+                    run.since = time.monotonic()
+
     while running:
-        progress.update()
+        note_progress()
+        for group, run in running:
+            if run.process.exitcode is None and time.monotonic() - run.since > limit:
+                run.over_limit = True
+                run.process.kill()          # its sandbox goes with it (--die-with-parent)
+                run.process.join()
         for group, run in [(g, r) for g, r in running if r.process.exitcode is not None]:
-            running.remove((group, run))
             status, errors = run.finish()
-            progress.update()
+            note_progress()
+            running.remove((group, run))
             failed.update(errors)
             # nbgrader takes the submissions in the order of their folders' paths
             rest = sorted(set(group) - _graded(chapter) - set(failed), key=lambda s: s + "/")
-            if rest and died(status):       # it died at the first of the rest; the others go on
-                failed[rest[0]] = f"the grading process died at it (exit status {status})"
-                if rest[1:]:
+            if rest and (run.over_limit or died(status)):   # it stopped at the first of the rest
+                if run.over_limit:
+                    failed[rest[0]] = f"its grading ran past the limit of {limit:g} s per submission"
+                    _log_finding(rest[0], chapter, f"grading stopped: {failed[rest[0]]}; it scores zero")
+                    _zero(rest[0], chapter)
+                else:
+                    failed[rest[0]] = f"the grading process died at it (exit status {status})"
+                if rest[1:]:                # the others go on
                     print(f"  {chapter}: grading {len(rest) - 1} submission(s) again, whose process "
-                          "died", flush=True)
+                          "stopped", flush=True)
                     running.append(start(rest[1:]))
         if running:      # until one of them ends, or a second passes for the progress line
             wait([run.process.sentinel for _, run in running], 1)
@@ -187,6 +221,21 @@ def autograde(chapter: str, jobs: int) -> dict[str, str]:
     for student, why in sorted(failed.items()):
         print(f"  {chapter}: {printable(student)} could not be graded: {why}", flush=True)
     return failed
+
+
+def _zero(student: str, chapter: str) -> None:
+    """No score from an earlier grading stays for a submission whose grading was stopped."""
+    if not (AUTOGRADER / "gradebook.db").exists():
+        return
+    with Gradebook("sqlite:///" + str(AUTOGRADER / "gradebook.db")) as gradebook:
+        try:
+            submission = gradebook.find_submission(chapter, student)
+        except MissingEntry:
+            return
+        for notebook in submission.notebooks:
+            for grade in notebook.grades:
+                grade.auto_score = 0
+        gradebook.db.commit()
 
 
 def feedback(chapter: str, not_graded: dict[str, str]) -> dict[str, str]:
@@ -266,6 +315,7 @@ def main() -> None:
         import torch  # noqa: F401
         for warning in sandbox_warnings():  # fails now, with the install command, if bwrap is missing
             print(f"WARNING: {warning}")
+        limit = submission_timeout()
         integrity.unlink(missing_ok=True)
         (AUTOGRADER / PROGRESS_LOG).unlink(missing_ok=True)
         for student, message in intake.check_students(SUBMITTED):
@@ -289,7 +339,7 @@ def main() -> None:
                 print(f"ERROR: {chapter}: its release failed ({error}); the chapter is not graded")
                 continue
             check_submissions(chapter)
-            not_graded = autograde(chapter, args.jobs)
+            not_graded = autograde(chapter, args.jobs, limit)
         problems[chapter] = feedback(chapter, not_graded)
     try:
         nbgrader("export", "--to", str(AUTOGRADER / "grades.csv"))

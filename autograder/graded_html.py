@@ -62,6 +62,9 @@ class _Inspector(HTMLParser):
         super().__init__(convert_charrefs=False)
         self.unsafe: list[str] = []
 
+    def unsafe_found(self, what: str) -> None:
+        self.unsafe.append(what)
+
     def handle_starttag(self, tag, attrs):
         if tag not in ALLOWED_TAGS:
             self.unsafe.append(f"a <{tag}> element")
@@ -108,13 +111,36 @@ def _safe_url(url: str, image: bool) -> bool:
     return not image or ".." not in re.split(r"[/\\]", url)
 
 
+# Larger fragments are not inspected: they count as unsafe (shown as text, or removed). Inspection
+# takes time linear in the size (up to ~3 s per million characters on a busy 2-core machine), and
+# the caps keep a submission's inspection within seconds: a markdown cell's source (the course's
+# longest is 4,400 characters; mistune takes up to ~15 s per million), and the HTML of one
+# fragment (a rendered cell with its attachments, an output, a raw cell).
+MAX_MARKDOWN_CHARS = 100_000
+MAX_HTML_CHARS = 2_000_000
+
+
+def _inspect(inspector: HTMLParser, fragment: str) -> None:
+    """Feed ``fragment`` to ``inspector``, in time linear in its size. What is left unread is
+    an unfinished tag, which would end inside the page's own next tag in a browser: unsafe, and
+    not closed (close() retries it at every later '<': quadratic, 3.7 s for 36,000 characters
+    of ``<a b='``). Markup the parser rejects (it asserts on ``<![<!``) is unsafe too."""
+    try:
+        inspector.feed(fragment)
+        if "<" in inspector.rawdata:
+            inspector.unsafe_found("an unfinished tag")
+        else:
+            inspector.close()              # only text is left
+    except (AssertionError, ValueError, IndexError):
+        inspector.unsafe_found("markup that cannot be read safely")
+
+
 def unsafe_html(fragment: str) -> list[str]:
     """What in ``fragment`` could run or load something in a browser (empty: nothing)."""
+    if len(fragment) > MAX_HTML_CHARS:
+        return [f"more than {MAX_HTML_CHARS:,} characters of HTML (not inspected)"]
     inspector = _Inspector()
-    inspector.feed(fragment)
-    if "<" in inspector.rawdata:       # an unfinished tag, which would end inside the page's own
-        inspector.unsafe.append("an unfinished tag")  # next tag in a browser
-    inspector.close()
+    _inspect(inspector, fragment)
     return sorted(set(inspector.unsafe))
 
 
@@ -126,6 +152,8 @@ def rendered_markdown(source: str, attachments: dict | None = None) -> str:
 def unsafe_markdown(source: str, attachments: dict | None = None) -> list[str]:
     if "<" not in source and "](" not in source and "]:" not in source:
         return []                                     # no HTML, no link, no image: nothing to run
+    if len(source) > MAX_MARKDOWN_CHARS:
+        return [f"more than {MAX_MARKDOWN_CHARS:,} characters of markdown (not inspected)"]
     try:
         return unsafe_html(rendered_markdown(source, attachments))
     except Exception as error:                        # what nbconvert cannot render is not shown
@@ -292,6 +320,9 @@ class _SvgInspector(HTMLParser):
         super().__init__()
         self.unsafe: set[str] = set()
 
+    def unsafe_found(self, what: str) -> None:
+        self.unsafe.add(what)
+
     def handle_starttag(self, tag, attrs):
         if tag in self.RUNS:
             self.unsafe.add(f"a <{tag}> element")
@@ -312,9 +343,10 @@ class _SvgInspector(HTMLParser):
 
 def unsafe_svg(svg: str) -> list[str]:
     """What in an SVG image could run or load something (empty: nothing)."""
+    if len(svg) > MAX_HTML_CHARS:
+        return [f"more than {MAX_HTML_CHARS:,} characters of SVG (not inspected)"]
     inspector = _SvgInspector()
-    inspector.feed(svg)
-    inspector.close()
+    _inspect(inspector, svg)
     return sorted(inspector.unsafe)
 
 

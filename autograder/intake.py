@@ -21,13 +21,25 @@ grading puts them in the student's feedback and in integrity.jsonl (secure_gradi
 looks again in its pre-convert hook (the Formgrader's Autograde button, the nbgrader command);
 ``nbgrader collect`` and ``zip_collect`` copy only regular files (CheckedExchangeCollect,
 CheckedExtractor, CheckedCollector, set in nbgrader_config.py).
+
+Student ids are checked wherever one enters (a folder in submitted/, an inbound entry of the
+exchange, a name zip_collect reads, the folder nbgrader's own autograde is given): letters,
+digits and ``. _ -``, starting with a letter, a digit or ``_`` (``valid_student_id``). nbgrader
+splits lists of ids at commas, globs them and puts them in paths: an id ``bob,x`` kept bob out of
+grading. ``nbgrader collect`` counts an inbound submission only for the account that owns it:
+nbgrader's ``check_owner`` only warns, so a classmate could submit under your name, or link your
+folder under theirs (CheckedExchangeCollect refuses both, with a finding).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
+import itertools
 import json
 import os
+import pwd
+import re
 import shutil
 import stat
 import tarfile
@@ -36,6 +48,7 @@ from collections import Counter
 from fnmatch import fnmatch
 from pathlib import Path
 
+import nbgrader.exchange.default.collect as nbgrader_collect
 from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.plugins import ExtractorPlugin, FileNameCollectorPlugin
 from nbgrader.utils import parse_utc, unzip
@@ -45,6 +58,17 @@ REFUSED = AUTOGRADER / "refused"
 MAX_ENTRIES = 1000      # files and folders in one submission
 MAX_DEPTH = 8           # folders within folders
 TIMESTAMP = "timestamp.txt"
+
+
+STUDENT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+
+
+def invalid_student_id(student: str) -> str | None:
+    """Why ``student`` cannot be a student id, in words naming it (None: it can)."""
+    if STUDENT_ID.fullmatch(student):
+        return None
+    return (f"{student[:100]!r} is not a valid student id (up to 100 letters, digits, '.', '_' "
+            "and '-', starting with a letter, a digit or '_'): not graded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +128,8 @@ def survey(folder: Path, limits: Limits, keep_first=lambda rel: False) -> tuple[
     while pending:
         here, prefix, depth = pending.pop()
         with os.scandir(here) as entries:
-            for entry in sorted(entries, key=lambda e: e.name):
+            # Never more names than the limit, however many the folder holds: time bounded too.
+            for entry in sorted(itertools.islice(entries, MAX_ENTRIES + 1 - count), key=lambda e: e.name):
                 rel, count = prefix + entry.name, count + 1
                 if count > MAX_ENTRIES:
                     pending = []
@@ -121,7 +146,7 @@ def survey(folder: Path, limits: Limits, keep_first=lambda rel: False) -> tuple[
                     files.append((rel, info))
     if count > MAX_ENTRIES:    # too many names: only the notebooks and the timestamp stay
         refused = {rel: why for rel, why in refused.items() if "/" not in rel}
-        for entry in os.scandir(folder):
+        for entry in os.scandir(folder):       # each name: what stays here is graded
             if entry.name not in refused and not (entry.is_file(follow_symlinks=False) and (
                     keep_first(entry.name) or entry.name == TIMESTAMP)):
                 refused[entry.name] = f"the submission holds more than {MAX_ENTRIES} files and folders"
@@ -255,12 +280,19 @@ def check_submission(folder: Path, student: str, chapter: str, limits: Limits | 
 
 def check_students(submitted: Path) -> list[tuple[str, str]]:
     """Refuse a student's folder that is a link or a special file (nbgrader's globs would follow
-    it, to a classmate's work, say): [(student, message)]. Their chapters are check_submission's."""
+    it, to a classmate's work, say), or whose name is not a valid student id: [(student,
+    message)]. Names starting with '.' (JupyterLab's checkpoints) are nbgrader's to skip, as its
+    globs do. Their chapters are check_submission's."""
     found = []
     for entry in sorted(os.scandir(submitted), key=lambda e: e.name) if submitted.is_dir() else []:
+        if entry.name.startswith("."):
+            continue
         if kind := refused_kind(entry.stat(follow_symlinks=False).st_mode):
             found.append((entry.name, _message(entry.name + "/", _describe(Path(entry.path), kind))))
             _move_out(Path(entry.path), REFUSED / entry.name / "(the student's folder)")
+        elif why := invalid_student_id(entry.name):
+            found.append((entry.name, f"refused the folder {entry.name[:100]!r}: {why}"))
+            _move_out(Path(entry.path), REFUSED / "(invalid ids)" / entry.name)
     return found
 
 
@@ -276,7 +308,54 @@ def pre_convert_hook(assignment: str, student: str, notebooks: list[str]) -> Non
 
 class CheckedExchangeCollect(ExchangeCollect):
     """``nbgrader collect``, copying only the regular files within the limits (nbgrader's own
-    copy follows links); what it leaves out is recorded for the student's feedback."""
+    copy follows links); what it leaves out is recorded for the student's feedback. An inbound
+    entry counts only for the account that owns it (``check_owner``, on by default, which
+    nbgrader's own collect only warns about): one that is a link or a file, is owned by another
+    account, or has a name nbgrader cannot read (an invalid id, a timestamp it cannot parse:
+    either stopped the whole collect) is refused, and named in the student's feedback."""
+
+    def init_src(self):
+        # nbgrader's own init_src (it globs the inbound entries, then keeps each name's latest),
+        # given only the entries that count.
+        self._refused_inbound: dict[str, list[str]] = {}
+        nbgrader_collect.glob = _Kept(self._counts)
+        try:
+            super().init_src()
+        finally:
+            nbgrader_collect.glob = glob
+        for student, messages in sorted(self._refused_inbound.items()):
+            for message in messages:
+                self.log.warning("%s, %s: %s", student, self.coursedir.assignment_id, message)
+
+    def _counts(self, path: str) -> bool:
+        """Whether the inbound entry ``path`` counts (its refusal recorded when it does not)."""
+        name = os.path.basename(path)
+        parts = name.rsplit("+", 3)
+        student = parts[0] if len(parts) >= 3 else name
+        info = os.lstat(path)
+        why = None
+        if invalid_student_id(student):
+            why = invalid_student_id(student)
+            student = "(invalid ids)"
+        elif len(parts) < 3:
+            why = "not a name nbgrader reads"
+        elif not stat.S_ISDIR(info.st_mode):
+            why = _describe(Path(path), refused_kind(info.st_mode) or "a file")
+        elif not _readable_utc(parts[2]):
+            why = "its timestamp is not one nbgrader can read"
+        elif self.check_owner and (owner := _account(info.st_uid)) != student:
+            why = f"it is owned by the account {owner!r}, not by {student!r}"
+        if why:
+            self._refused_inbound.setdefault(student, []).append(
+                f"refused the inbound submission {name[:150]!r}: {why} (a submission counts only "
+                "for the account that owns it)")
+        return why is None
+
+    def copy_files(self):
+        super().copy_files()
+        for student, messages in self._refused_inbound.items():    # not collected: still named
+            if student != "(invalid ids)":
+                _record(student, self.coursedir.assignment_id, messages)
 
     def do_copy(self, src, dest, log=None):
         src, dest = Path(src), Path(dest)
@@ -289,7 +368,32 @@ class CheckedExchangeCollect(ExchangeCollect):
         messages = [_message(rel, why) for rel, why in sorted(refused.items())]
         for message in messages:
             self.log.warning("%s, %s: %s", dest.parent.name, dest.name, message)
-        _record(dest.parent.name, dest.name, messages, fresh=True)
+        refused_inbound = self._refused_inbound.pop(dest.parent.name, [])
+        _record(dest.parent.name, dest.name, refused_inbound + messages, fresh=True)
+
+
+class _Kept:
+    """The glob module, for nbgrader's collect: only the names ``keep`` is true of."""
+
+    def __init__(self, keep):
+        self.keep = keep
+
+    def glob(self, pattern: str) -> list[str]:
+        return [path for path in glob.glob(pattern) if self.keep(path)]
+
+
+def _account(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _readable_utc(text: str) -> bool:
+    try:
+        return parse_utc(text) is not None
+    except (ValueError, OverflowError):
+        return False
 
 
 class CheckedExtractor(ExtractorPlugin):
@@ -365,6 +469,9 @@ class CheckedCollector(FileNameCollectorPlugin):
             return info
         app = self.parent
         student, chapter = info["student_id"], app.coursedir.assignment_id
+        if why := invalid_student_id(student):
+            self.log.error("Not collected: %s (from %s)", why, submitted_file)
+            return None
         limits, name = limits_of(app.coursedir), info["file_id"]
         seen = self.collected_bytes
         if student not in seen:

@@ -9,7 +9,8 @@ Folders, relative to the repository root:
     autograder/gradebook.db    scores and the source cells autograde restores - ignored
 
 nbgrader reads this file when run from this folder (autograder/release.py and grade.py do that)
-and JupyterLab's formgrader finds it because `make lab` puts this folder on JUPYTER_CONFIG_PATH.
+and JupyterLab's Formgrader finds it because `make formgrader` (the instructor's lab, lab/instructor/)
+puts this folder on JUPYTER_CONFIG_PATH; `make lab`, the learner's, does not.
 """
 import os
 import sys
@@ -32,13 +33,16 @@ c.CourseDirectory.db_url = "sqlite:///" + os.path.join(here, "gradebook.db")
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# Time per student (README, "Time per student fits a class"). Each chapter's solution runs in
+# Time per student (docs/threat-model.md, "Time per student fits a class"). Each chapter's solution runs in
 # well under 2 minutes on a 2-core CPU (one at a time, one thread, on a busy machine: 10 s for
 # chapter 08 to 154 s for chapter 05). A notebook gets 300 s in all, about twice the slowest, and
 # a cell 120 s: a submission that waits out its limit holds a grading job for 5 minutes, not 15.
 c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
 c.ExecuteSandboxed.notebook_timeout = 300
+# All of one submission's grading (its files looked at, sanitised, run, judged, saved), and its
+# feedback page again: a submission past it scores zero, with a finding, and the class goes on.
+c.ExecuteSandboxed.submission_timeout = 420
 
 # Grading that holds (autograder/secure_grading.py): before nbgrader copies anything, each
 # submission folder holds only regular files within the size limits (intake.py; nbgrader's own
@@ -53,11 +57,14 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Clea
                                     OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
 from graded_html import SanitizeMarkdown, SanitizeOutputs  # noqa: E402
 from intake import CheckedCollector, CheckedExchangeCollect, CheckedExtractor, pre_convert_hook  # noqa: E402
-from secure_grading import ExecuteSandboxed, GradeRecordedAnswers, NormalizeCells  # noqa: E402
+from secure_grading import ExecuteSandboxed, FeedbackDeadline, GradeRecordedAnswers, NormalizeCells  # noqa: E402
 
 c.CourseDirectory.max_file_size = 20_000                # kB per file of a submission
 c.CourseDirectory.max_dir_size = 50_000                 # kB per submission folder
 c.Autograde.pre_convert_hook = pre_convert_hook
+_feedback_deadline = FeedbackDeadline(lambda: c.ExecuteSandboxed.submission_timeout)
+c.GenerateFeedback.pre_convert_hook = _feedback_deadline.start
+c.GenerateFeedback.post_convert_hook = _feedback_deadline.stop
 c.ExchangeFactory.collect = CheckedExchangeCollect
 c.ZipCollectApp.extractor_plugin = CheckedExtractor
 c.ZipCollectApp.collector_plugin = CheckedCollector
@@ -67,7 +74,7 @@ c.Autograde.autograde_preprocessors = [ExecuteSandboxed, SanitizeOutputs, GradeR
                                        IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
                                        SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
 
-# What one submission may use (README, "Grading on a shared server"). Over a limit its kernel is
+# What one submission may use (docs/teaching.md, "Grading on a shared server"). Over a limit its kernel is
 # stopped; it scores what ran, and its feedback says which limit it reached. Memory and
 # processes count all of a submission's processes together (jobs x memory_limit must fit in RAM:
 # `make autograde` grades one submission per core); the disk limit applies to each of its
@@ -77,7 +84,7 @@ c.SandboxedKernelManager.process_limit = 1024           # processes and threads 
 c.SandboxedKernelManager.disk_limit = 2**30             # bytes written, per folder and per file
 c.SandboxedKernelManager.cpu_limit = 3600               # CPU seconds, all processes together
 c.GradeRecordedAnswers.keys_dir = os.path.join(here, "keys")
-# Per-student numbers in graded assignments (README, "Per-student numbers"): a seed of your own,
+# Per-student numbers in graded assignments (docs/teaching.md, "Per-student numbers"): a seed of your own,
 # e.g. "fall-2026-k7x2", turns them on for `make release GRADED=1` and `make autograde` alike.
 # Keep it for the whole course: grading draws each student's numbers from it again.
 c.GradeRecordedAnswers.course_seed = ""

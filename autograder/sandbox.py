@@ -2,22 +2,36 @@
 
 ``SandboxedKernelManager`` starts the kernel on an allow-list file system: the system's folders,
 the Python installation and the gpulab package read-only, and size-limited private folders
-(/tmp, /dev/shm, a working copy of the submission); no home folder, no course folder (keys,
-solutions, gradebook, other students' work). It has no network: its own network namespace, and
-it talks to nbgrader over Unix sockets (jupyter's ``ipc`` transport) in a private folder, whose
-messages the grader takes up to a size (``max_message_bytes``): a bigger one is never held in the
-grader's memory. Its processes live in their own PID namespace, so none outlives it, and a
-``Watchdog`` stops it when they use more memory, processes or CPU time than allowed.
+(/tmp, /dev/shm, a working copy of the submission, and KERNEL_DIR for its connection file and
+sockets); no home folder, no course folder (keys, solutions, gradebook, other students' work).
+Everything else is read-only, the sandbox's own root and /dev included. It has no network: its
+own network namespace, and it talks to nbgrader over Unix sockets (jupyter's ``ipc`` transport)
+in KERNEL_DIR, which the grader reaches through /proc/<sandbox>/root; the grader takes its
+messages up to a size (``max_message_bytes``): a bigger one is never held in the grader's memory.
+Its processes live in their own PID namespace, so none outlives it, and a ``Watchdog`` stops it
+when they use more memory, processes or CPU time than allowed.
+
+The kernel has no capabilities anywhere and is never root (issue 34). A grader that is not root
+runs bubblewrap in a user namespace of its own, which bubblewrap makes (the kernel is then the
+grader's own uid, outside as inside). A root grader runs bubblewrap as root, which builds the file
+system with every capability, and ``LAUNCHER`` then becomes ``sandbox_user`` (nobody) for good,
+outside the sandbox too: a user namespace made by root would map the kernel to root outside, and
+root owns the files the sandbox shows. In both cases the kernel's user namespace allows no further
+one (a namespace of its own would give a submission capabilities there: to mount a tmpfs without
+a size, say), and no_new_privs is set, so no setuid program gives any back.
 autograder/secure_grading.py runs each notebook with it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import os
+import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -28,7 +42,7 @@ from pathlib import Path
 
 import zmq
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Float, Integer
+from traitlets import Float, Integer, Unicode
 
 import gpulab
 
@@ -48,18 +62,57 @@ def bubblewrap() -> str:
 
 
 def sandbox_warnings() -> list[str]:
-    """What this machine's sandbox cannot bound, for `make autograde` to say before it starts."""
-    if _bwrap_has_size(bubblewrap()):
-        return []
-    return ["this bubblewrap is older than 0.8 and cannot size its folders: what a submission "
-            "writes is limited per file, not in total (install a newer bubblewrap)"]
+    """What this machine's sandbox cannot bound, for `make autograde` to say before it starts
+    (SandboxUnavailable, with what to do, where it cannot run at all)."""
+    bwrap = bubblewrap()
+    if os.getuid() == 0:
+        check_readable_to_sandbox(SandboxedKernelManager.sandbox_user.default_value)
+    found = []
+    if not _bwrap_has(bwrap, "--size"):
+        found.append("this bubblewrap is older than 0.8 and cannot size its folders: what a submission "
+                     "writes is limited per file, not in total (install a newer bubblewrap)")
+    if os.getuid() != 0 and not _bwrap_has(bwrap, "--disable-userns"):
+        found.append("this bubblewrap is older than 0.8: a submission may make user namespaces of "
+                     "its own (install a newer bubblewrap)")
+    return found
 
 
 @functools.cache
-def _bwrap_has_size(bwrap: str) -> bool:
-    """bubblewrap >= 0.8 can size a tmpfs (--size); older ones cannot."""
+def _bwrap_has(bwrap: str, option: str) -> bool:
+    """Whether this bubblewrap knows ``option`` (--size and --disable-userns came in 0.8)."""
     help_text = subprocess.run([bwrap, "--help"], capture_output=True, text=True).stdout
-    return "--size" in help_text
+    return option in help_text.split()
+
+
+@functools.cache
+def check_readable_to_sandbox(user: str) -> None:
+    """A root grader's kernel runs as ``user``, who must be able to read the Python installation
+    and gpulab (bubblewrap binds them in, so closed folders above them do not matter: a clone in
+    a private home folder grades). SandboxUnavailable, naming the file, where one cannot."""
+    import ipykernel
+    import zmq as pyzmq
+
+    for path in (os.path.realpath(sys.executable), os.__file__, ipykernel.__file__, pyzmq.__file__,
+                 gpulab.__file__):
+        top = next((t for t in map(os.path.realpath, (*python_install(), _package()))
+                    if os.path.realpath(path).startswith(t + os.sep)), None)
+        path = Path(os.path.realpath(path))
+        for part in [path, *path.parents]:
+            mode = part.stat().st_mode
+            needed = 0o005 if part.is_dir() else 0o004
+            if mode & needed != needed:
+                raise SandboxUnavailable(
+                    f"grading as root runs each submission as the user {user!r}, who cannot read "
+                    f"{part}: make the course's Python and gpulab readable to every user "
+                    f"(chmod -R o+rX {top or part})")
+            if top is None or str(part) == top:
+                break
+
+
+def sandbox_ids(user: str) -> tuple[int, int]:
+    """(uid, gid) a root grader's kernels run as."""
+    entry = pwd.getpwnam(user)
+    return entry.pw_uid, entry.pw_gid
 
 
 # The system's own folders, read-only. Nothing else of the machine is there: no home folder, no
@@ -68,11 +121,21 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 # What of /etc a Python kernel uses (the dynamic linker's cache, users' names, time zone, fonts,
 # localhost): not /etc as a whole, which holds e.g. /etc/shadow, readable to a root grader.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "passwd", "group",
-             "hosts", "localtime", "timezone", "fonts", "ssl", "alternatives", "os-release")
+             "localtime", "timezone", "fonts", "ssl", "alternatives", "os-release")
+# The sandbox's own /etc/hosts (its host name is localhost, and it has no network). It names the
+# IPv4-mapped loopback too: torch.distributed's store looks up the address of each rank that
+# connects, which a dual-stack socket reports as ::ffff:127.0.0.1; missing from the hosts file,
+# the lookup went on to DNS, which no sandbox reaches, and every rank of chapters 05, 06 and 09
+# printed "[c10d] The hostname of the client socket cannot be retrieved. err=-3" on stderr.
+SANDBOX_HOSTS = "127.0.0.1 localhost\n::1 localhost\n::ffff:127.0.0.1 localhost\n"
 # Environment variables a kernel keeps; everything else (tokens, keys, the grader's HOME) is dropped.
 KEPT_ENV = ("LANG", "LANGUAGE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
             "PYTHONHASHSEED", "NBGRADER_EXECUTION", "NBGRADER_VALIDATING", "GPULAB_STRICT_CHECKS")
 SUBMISSION_ORIGINAL = "/gpulab-submission"   # the submitted folder, read-only, in the sandbox
+# In the sandbox: the kernel's connection file and its sockets, on a tmpfs of KERNEL_DIR_BYTES
+# (sockets take no room). The grader reaches them as /proc/<sandbox's init>/root/gpulab-kernel.
+KERNEL_DIR = "/gpulab-kernel"
+KERNEL_DIR_BYTES = 2**20
 
 
 def python_install() -> list[str]:
@@ -86,17 +149,34 @@ def python_install() -> list[str]:
     return found
 
 
-def sandbox_command(workdir: str, private_dir: str, limits: "Limits") -> list[str]:
+def _package() -> str:
+    return str(Path(gpulab.__file__).resolve().parent)
+
+
+def sandbox_command(workdir: str, connection_fd: int, hosts_fd: int, limits: "Limits") -> list[str]:
     """bubblewrap arguments that run a command on an allow-list file system with no network.
 
     The kernel sees the system folders and the Python installation read-only, the gpulab
-    package, ``private_dir`` (its connection file and sockets: the ``ipc`` transport), and
-    size-limited private tmpfs folders: /tmp, /dev/shm and a working copy at ``workdir``, which
-    ``LAUNCHER`` fills from the submission (bound read-only at SUBMISSION_ORIGINAL). Its own
-    network namespace (only a loopback of its own), PID, IPC and UTS namespaces.
+    package, and size-limited private tmpfs folders: /tmp, /dev/shm, KERNEL_DIR (the connection
+    file, read from ``connection_fd``, and the ``ipc`` transport's sockets) and a working copy at
+    ``workdir``, which ``LAUNCHER`` fills from the submission (bound read-only at
+    SUBMISSION_ORIGINAL). An /etc/hosts of its own, read from ``hosts_fd`` (SANDBOX_HOSTS). The
+    root and /dev are read-only. Its own network namespace (only a
+    loopback of its own), PID, IPC and UTS namespaces; no capabilities (see the module's
+    docstring for a root grader).
     """
     bwrap = bubblewrap()
     args = [bwrap]
+    binds, made = [Path(d) for d in SYSTEM_DIRS], {Path("/tmp"), Path("/dev")}
+
+    def open_parents(path: str) -> None:
+        """The folders above a mount point, open to all: bubblewrap makes them 0700, which a
+        root grader's kernel (not root) could not pass (/etc, /root, a private home folder)."""
+        for parent in reversed(Path(path).parents[:-1]):
+            if parent not in made and not any(b == parent or b in parent.parents for b in binds):
+                args.extend(["--perms", "0755", "--dir", str(parent)])
+                made.add(parent)
+
     for folder in SYSTEM_DIRS:
         if os.path.islink(folder):                       # e.g. /bin -> usr/bin (merged /usr)
             args += ["--symlink", os.readlink(folder), folder]
@@ -104,34 +184,46 @@ def sandbox_command(workdir: str, private_dir: str, limits: "Limits") -> list[st
             args += ["--ro-bind", folder, folder]
     for name in ETC_FILES:
         if os.path.lexists(f"/etc/{name}"):
+            open_parents(f"/etc/{name}")
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     args += ["--dev", "/dev", "--proc", "/proc"]
     for device in sorted(Path("/dev").glob("nvidia*")):   # a GPU, where there is one
         args += ["--dev-bind", str(device), str(device)]
     workdir = str(Path(workdir).resolve())
-    size = _bwrap_has_size(bwrap)
+    size = _bwrap_has(bwrap, "--size")
 
-    def private_folder(folder: str, extra: int = 0) -> None:
+    def private_folder(folder: str, size_bytes: int) -> None:
         if size:
-            args.extend(["--size", str(limits.disk_bytes + extra)])
+            args.extend(["--size", str(size_bytes)])
         args.extend(["--tmpfs", folder])
 
     # The private /tmp comes before the binds: bubblewrap mounts in order, so a Python install or
     # a course that lives under /tmp (a CI clone, say) is bound back into it, not hidden by it.
-    private_folder("/tmp")
-    private_folder("/dev/shm")
-    package = str(Path(gpulab.__file__).resolve().parent)
-    for keep in (*python_install(), package):
+    private_folder("/tmp", limits.disk_bytes)
+    private_folder("/dev/shm", limits.disk_bytes)
+    for keep in (*python_install(), _package()):
+        open_parents(keep)
         args += ["--ro-bind", keep, keep]
-    private_folder(workdir, _folder_bytes(workdir))
-    args += ["--ro-bind", workdir, SUBMISSION_ORIGINAL,
-             "--bind", private_dir, private_dir, "--chdir", workdir,
+        binds.append(Path(keep))
+    open_parents(workdir)
+    private_folder(workdir, limits.disk_bytes + _folder_bytes(workdir))
+    private_folder(KERNEL_DIR, KERNEL_DIR_BYTES)
+    args += ["--perms", "0444", "--ro-bind-data", str(hosts_fd), "/etc/hosts"]
+    args += ["--perms", "0444", "--ro-bind-data", str(connection_fd), f"{KERNEL_DIR}/kernel.json",
+             "--ro-bind", workdir, SUBMISSION_ORIGINAL, "--chdir", workdir,
+             "--remount-ro", "/dev", "--remount-ro", "/",
              "--hostname", "localhost",
              "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-             "--unshare-cgroup-try",
-             # ipykernel exits when its parent's pid is not its ppid, which a PID namespace
-             # changes; --die-with-parent ends the sandbox with its parent instead.
-             "--unsetenv", "JPY_PARENT_PID", "--die-with-parent", "--"]
+             "--unshare-cgroup-try", "--cap-drop", "ALL"]
+    if os.getuid() == 0:
+        # Only what LAUNCHER needs to hand the private folders to the kernel's user and become
+        # it; becoming it clears them (setresuid away from root), before any submission code.
+        args += ["--cap-add", "CAP_CHOWN", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-user"] + (["--disable-userns"] if _bwrap_has(bwrap, "--disable-userns") else [])
+    # ipykernel exits when its parent's pid is not its ppid, which a PID namespace changes;
+    # --die-with-parent ends the sandbox with its parent instead.
+    args += ["--unsetenv", "JPY_PARENT_PID", "--die-with-parent", "--"]
     return args
 
 
@@ -139,20 +231,42 @@ def _folder_bytes(folder: str) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file() and not p.is_symlink())
 
 
-# Runs first in the sandbox: copies the submission into the working copy, sets the per-process
-# limits, then becomes the kernel. RLIMIT_NPROC counts per user and user namespace, so it is set
-# only in a user namespace of the sandbox's own (bubblewrap makes one when not run as root);
-# root is exempt from it anyway, and the watchdog counts the processes in every case.
+# Runs first in the sandbox: copies the submission into the working copy; as root (a root
+# grader's sandbox) hands the private folders to the kernel's uid and becomes it, in a user
+# namespace of its own that allows no further one; sets the per-process limits; then becomes the
+# kernel. RLIMIT_NPROC counts per user and user namespace, so it is set only in a user namespace
+# of the sandbox's own; at twice the watchdog's limit, it stops what a fork bomb starts between
+# two of its looks.
 LAUNCHER = """
-import os, resource, shutil, sys
-original, cpu, size, tasks = sys.argv[1], *map(int, sys.argv[2:5])
+import ctypes, os, resource, shutil, sys
+original, kernel_dir, cpu, size, tasks, uid, gid = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
 shutil.copytree(original, '.', symlinks=True, dirs_exist_ok=True)
+if os.getuid() == 0:
+    for top in ('.', kernel_dir, '/tmp', '/dev/shm'):
+        os.chown(top, uid, gid)
+    for folder, dirs, files in os.walk('.'):
+        for name in dirs + files:
+            os.chown(os.path.join(folder, name), uid, gid, follow_symlinks=False)
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(4, 1, 0, 0, 0)              # PR_SET_DUMPABLE, as exec makes it: /proc/self is its own
+    if libc.unshare(0x10000000) == 0:      # CLONE_NEWUSER
+        for name, text in (('setgroups', 'deny'), ('uid_map', f'{uid} {uid} 1'), ('gid_map', f'{gid} {gid} 1')):
+            with open(f'/proc/self/{name}', 'w') as f:
+                f.write(text)
+        try:
+            with open('/proc/sys/user/max_user_namespaces', 'w') as f:
+                f.write('0')
+        except OSError:
+            pass                                   # a kernel that confines user namespaces already
 limits = [(resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, size), (resource.RLIMIT_CORE, 0)]
 if open('/proc/self/uid_map').read().split()[2:3] == ['1']:
-    limits.append((resource.RLIMIT_NPROC, tasks))
+    limits.append((resource.RLIMIT_NPROC, 2 * tasks))
 for limit, value in limits:
     resource.setrlimit(limit, (value, value))
-os.execv(sys.argv[6], sys.argv[6:])
+os.execv(sys.argv[9], sys.argv[9:])
 """
 
 
@@ -167,7 +281,7 @@ class Limits:
 
 class SandboxedKernelManager(AsyncKernelManager):
     """Starts the kernel inside ``sandbox_command``, talking to it over Unix sockets (the ipc
-    transport) in a private folder, with a ``Watchdog`` on its resources."""
+    transport) in its KERNEL_DIR, with a ``Watchdog`` on its resources."""
 
     memory_limit = Integer(8 * 2**30, help="Bytes of resident memory, all of a submission's "
                            "processes together.").tag(config=True)
@@ -175,6 +289,8 @@ class SandboxedKernelManager(AsyncKernelManager):
     disk_limit = Integer(2**30, help="Bytes a submission may write, in each of /tmp, /dev/shm "
                          "and its working copy (and per file).").tag(config=True)
     cpu_limit = Integer(3600, help="CPU seconds, all of a submission's processes together.").tag(config=True)
+    sandbox_user = Unicode("nobody", help="The account a root grader runs each kernel as (an "
+                           "account of its own, with nothing to lose, is better still).").tag(config=True)
     watch_interval = Float(0.2, help="Seconds between two looks at a submission's usage.").tag(config=True)
     max_message_bytes = Integer(32 * 2**20, help="Largest message the grader takes from the kernel; "
                                 "ZeroMQ drops a bigger one as it arrives (ZMQ_MAXMSGSIZE), so it "
@@ -184,14 +300,16 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        # Mode 0700. A Unix socket's path must be short (108 bytes): a long TMPDIR gives way to /tmp.
-        short = len(tempfile.gettempdir()) <= 64
-        self.private_dir = tempfile.mkdtemp(prefix="gpulab-kernel-", dir=None if short else "/tmp")
+        # Mode 0700: the grader's copy of the connection file (the kernel gets its own, read-only).
+        self.private_dir = tempfile.mkdtemp(prefix="gpulab-kernel-")
         weakref.finalize(self, shutil.rmtree, self.private_dir, ignore_errors=True)
         self.transport = "ipc"
         self.connection_file = os.path.join(self.private_dir, "kernel.json")
-        self.ip = os.path.join(self.private_dir, "ipc")
+        self.ip = f"{KERNEL_DIR}/ipc"          # as the kernel sees it; the grader's, once it runs
         self.watchdog: Watchdog | None = None
+        self._connection_fd: int | None = None
+        self._hosts_fd: int | None = None
+        self._not_started: str | None = None
         self.context.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)   # the control channel
 
     def client(self, **kwargs):
@@ -208,7 +326,12 @@ class SandboxedKernelManager(AsyncKernelManager):
                       disk_bytes=self.disk_limit, cpu_seconds=self.cpu_limit)
 
     async def _async_pre_start_kernel(self, **kw):
+        self.ip = f"{KERNEL_DIR}/ipc"                       # a restart writes the kernel's view again
         cmd, kw = await super()._async_pre_start_kernel(**kw)
+        uid, gid = -1, -1
+        if os.getuid() == 0:
+            check_readable_to_sandbox(self.sandbox_user)
+            uid, gid = sandbox_ids(self.sandbox_user)
         workdir = kw.get("cwd") or os.getcwd()
         limits = self.limits
         env = {k: v for k, v in (kw.get("env") or os.environ).items() if k in KEPT_ENV}
@@ -217,19 +340,37 @@ class SandboxedKernelManager(AsyncKernelManager):
         kw["env"] = env
         # What the kernel prints to its own stdout and stderr would reach the grader's terminal.
         kw["stdout"] = kw["stderr"] = subprocess.DEVNULL
-        launcher = [sys.executable, "-I", "-c", LAUNCHER, SUBMISSION_ORIGINAL, str(limits.cpu_seconds + 5),
-                    str(limits.disk_bytes), str(limits.tasks), "--"]
-        return sandbox_command(workdir, self.private_dir, limits) + launcher + cmd, kw
+        self._connection_fd = os.open(self.connection_file, os.O_RDONLY)
+        self._hosts_fd, write_end = os.pipe()                # SANDBOX_HOSTS, read by bubblewrap
+        os.write(write_end, SANDBOX_HOSTS.encode())
+        os.close(write_end)
+        kw["pass_fds"] = (self._connection_fd, self._hosts_fd)
+        cmd = [f"{KERNEL_DIR}/kernel.json" if arg == self.connection_file else arg for arg in cmd]
+        launcher = [sys.executable, "-I", "-c", LAUNCHER, SUBMISSION_ORIGINAL, KERNEL_DIR,
+                    str(limits.cpu_seconds + 5), str(limits.disk_bytes), str(limits.tasks),
+                    str(uid), str(gid), "--"]
+        return sandbox_command(workdir, self._connection_fd, self._hosts_fd, limits) + launcher + cmd, kw
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
-        await super()._async_launch_kernel(kernel_cmd, **kw)
-        self.watchdog = Watchdog(self.provisioner.process.pid, self.limits, self.watch_interval,
-                                 self.private_dir)
+        try:
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+        finally:
+            os.close(self._connection_fd)
+            os.close(self._hosts_fd)
+        bwrap_pid = self.provisioner.process.pid
+        init = await _sandbox_init(bwrap_pid)
+        if init is None:
+            self._not_started = "could not be watched (the grader cannot read the sandbox's /proc)"
+            _kill(bwrap_pid)
+            return
+        # The kernel's sockets, as the grader reaches them: through the sandbox's own root.
+        self.ip = f"/proc/{init}/root{KERNEL_DIR}/ipc"
+        self.watchdog = Watchdog(init, bwrap_pid, self.limits, self.watch_interval)
         self.watchdog.start()
 
     @property
     def stopped_because(self) -> str | None:
-        return self.watchdog.reason if self.watchdog else None
+        return self.watchdog.reason if self.watchdog else self._not_started
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         if self.watchdog:
@@ -239,14 +380,32 @@ class SandboxedKernelManager(AsyncKernelManager):
             shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
+async def _sandbox_init(bwrap_pid: int, patience: float = 60) -> int | None:
+    """bubblewrap's first child, the sandbox's PID 1, once its /proc is the sandbox's own; None
+    when bubblewrap ended first or it takes longer than ``patience`` seconds."""
+    give_up = time.monotonic() + patience
+    while time.monotonic() < give_up:
+        init = _child_of(bwrap_pid)
+        if init is None and not Path(f"/proc/{bwrap_pid}").exists():
+            return None
+        try:
+            if init and os.readlink(f"/proc/{init}/ns/pid") == os.readlink(f"/proc/{init}/root/proc/1/ns/pid") \
+                    and os.path.isdir(f"/proc/{init}/root{KERNEL_DIR}"):
+                return init
+        except OSError:
+            pass                            # not set up yet (or already gone)
+        await asyncio.sleep(0.02)
+    return None
+
+
 class Watchdog(threading.Thread):
     """Looks at a sandbox's processes every ``interval`` seconds (through the sandbox's own
-    /proc, which lists only them) and kills the sandbox when they use more than ``limits``."""
+    /proc, which lists only them) and kills the sandbox when they use more than ``limits``, or
+    put anything but sockets in KERNEL_DIR."""
 
-    def __init__(self, bwrap_pid: int, limits: Limits, interval: float, private_dir: str):
+    def __init__(self, init: int, bwrap_pid: int, limits: Limits, interval: float):
         super().__init__(daemon=True, name=f"watchdog-{bwrap_pid}")
-        self.bwrap_pid, self.limits, self.interval = bwrap_pid, limits, interval
-        self.private_dir = private_dir
+        self.init, self.bwrap_pid, self.limits, self.interval = init, bwrap_pid, limits, interval
         self.reason: str | None = None
         self._stop_event = threading.Event()
 
@@ -254,9 +413,8 @@ class Watchdog(threading.Thread):
         self._stop_event.set()
 
     def run(self) -> None:
-        init = self._sandbox_init()
-        while init and not self._stop_event.wait(self.interval):
-            usage = sandbox_usage(init)
+        while not self._stop_event.wait(self.interval):
+            usage = sandbox_usage(self.init)
             if usage is None:               # the sandbox has ended
                 return
             memory, tasks, cpu = usage
@@ -267,30 +425,11 @@ class Watchdog(threading.Thread):
                 self.reason = f"ran more than {limits.tasks} processes and threads at once"
             elif cpu > limits.cpu_seconds:
                 self.reason = f"used more than {limits.cpu_seconds} s of CPU time"
-            elif _grew(self.private_dir):
+            elif _grew(f"/proc/{self.init}/root{KERNEL_DIR}"):
                 self.reason = "wrote files into the folder of its connection sockets"
             if self.reason:
-                _kill(init, self.bwrap_pid)
+                _kill(self.init, self.bwrap_pid)
                 return
-
-    def _sandbox_init(self) -> int | None:
-        """bubblewrap's first child, the sandbox's PID 1, once its /proc is the sandbox's own.
-        A sandbox that cannot be watched is not left to run unwatched: it is stopped."""
-        give_up = time.monotonic() + 60
-        while not self._stop_event.wait(0.02):
-            init = _child_of(self.bwrap_pid)
-            if init is None and not Path(f"/proc/{self.bwrap_pid}").exists():
-                return None
-            try:
-                if init and os.readlink(f"/proc/{init}/ns/pid") == os.readlink(f"/proc/{init}/root/proc/1/ns/pid"):
-                    return init
-            except OSError:
-                pass                        # not set up yet (or already gone)
-            if time.monotonic() > give_up:
-                self.reason = "could not be watched (the grader cannot read the sandbox's /proc)"
-                _kill(init, self.bwrap_pid)
-                return None
-        return None
 
 
 def _kill(*pids: int | None) -> None:
@@ -304,13 +443,12 @@ def _kill(*pids: int | None) -> None:
             pass
 
 
-def _grew(private_dir: str) -> bool:
-    """Whether the kernel's socket folder (on the grader's disk, writable because the kernel
-    makes its sockets there) holds more than a connection file and a few sockets."""
+def _grew(kernel_dir: str) -> bool:
+    """Whether the kernel's socket folder holds more than its connection file and a few sockets
+    (what it writes there without a name, O_TMPFILE, is bounded by the folder's size)."""
     try:
-        entries = list(os.scandir(private_dir))
-        return len(entries) > 16 or sum(e.stat(follow_symlinks=False).st_size for e in entries) > 2**20 or any(
-            e.is_dir(follow_symlinks=False) for e in entries)
+        entries = [e for e in os.scandir(kernel_dir) if e.name != "kernel.json"]
+        return len(entries) > 16 or not all(stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode) for e in entries)
     except OSError:
         return False
 

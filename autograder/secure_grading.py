@@ -26,8 +26,10 @@ What this cannot stop: a learner who knows the right number can type it. With a 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import signal
 import time
 from pathlib import Path
 
@@ -160,6 +162,10 @@ class ExecuteSandboxed(Execute):
     capped as they arrive, per cell and per notebook: the grader never holds more of them."""
 
     notebook_timeout = Integer(300, help="Seconds for the whole notebook.").tag(config=True)
+    submission_timeout = Integer(420, help="Seconds for all of one submission's grading, the run "
+                                 "included: `make autograde` stops nbgrader at a submission that "
+                                 "takes longer (it scores zero, with a finding), and its feedback "
+                                 "page gets as long (FeedbackDeadline).").tag(config=True)
     max_cell_output_chars = Integer(1_000_000, help="Outputs kept per cell, in characters "
                                     "(text, or data as JSON).").tag(config=True)
     max_notebook_output_chars = Integer(10_000_000, help="Outputs kept per notebook, in "
@@ -277,6 +283,33 @@ def _message_chars(msg) -> int:
     for value in (content.get("data") or {}).values():
         size += len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
     return size
+
+
+class FeedbackDeadline:
+    """A time limit per submission for ``nbgrader generate_feedback``, as its pre- and
+    post-convert hooks: a page that takes longer to render stops with a TimeoutError, which
+    nbgrader reports for that student alone (`make autograde` then writes a plain page for it).
+    ``seconds`` is called when a page starts (the config file is read by then). Only in a
+    command's own process: never in a server's event loop (the Formgrader's), where an alarm
+    left by a page that failed would fire into whatever the server does next."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def start(self, **_):
+        try:
+            asyncio.get_running_loop()
+            return
+        except RuntimeError:
+            pass
+        signal.signal(signal.SIGALRM, self._over)      # ValueError outside the main thread
+        signal.setitimer(signal.ITIMER_REAL, self.seconds())
+
+    def stop(self, **_):
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _over(self, *_):
+        raise TimeoutError(f"its feedback took longer than {self.seconds():g} s (the limit per submission)")
 
 
 # ------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ PyTorch's allocator, and processes that never import gpulab are not counted; com
 memory bandwidth are shared, first come first served. What the learner cannot change is which
 device their processes can open (the workshop's device walls: another learner's GPU or MIG
 slice is closed to them whatever CUDA_VISIBLE_DEVICES says). MIG instances add the hardware's
-walls: memory, SMs, L2 and bandwidth of their own (README, "Running a workshop").
+walls: memory, SMs, L2 and bandwidth of their own (docs/workshop.md, "What stays shared").
 
 ``share_lines`` also tells the doctor the learner's walls on the machine, read from the
 learner's own cgroup: the memory all their processes and scratch files share, and the tasks.

@@ -9,7 +9,9 @@
 4. chapter 07's figures (scripts/bench_ch07.py): the step-time model against measured loops,
    DataLoader workers on an I/O-bound dataset, the profiler's idle share, the capstone ladder;
 5. workshop mode (scripts/bench_workshop.py): 30 learners signing up at once, time until all
-   servers are ready, memory per learner server and the hub's own;
+   servers are ready, memory per learner server and the hub's own; then every chapter's release
+   run inside one learner's walls of a room planned for 30 (peak memory, tasks, time against
+   outside the walls: workshop/chapter_needs.json, which make workshop-check reads; about 5 min);
 6. where `make test`'s time goes (scripts/suite_durations.py): a fresh venv's setup time, and
    pytest's durations per test file and for the slowest tests (budget: venv + suite <= 10 min);
 7. first, because it costs nothing: each chapter's prose (scripts/prose_stats.py: mean words per

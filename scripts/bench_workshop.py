@@ -16,14 +16,29 @@ spawn their servers at once, and prints:
   (what the kernel gives without the walls); the hub's API latency in both; and whether anyone
   but the hog lost anything (every server answering, every classmate's kernel alive).
 
+Then every chapter inside one learner's walls (``chapters_inside_the_walls``): a room planned for
+30 learners on this machine (512 tasks, its threads) but with a memory wall of NEEDS_WALL, so
+that the figures are what each chapter needs, not where a smaller wall cut it; one learner runs
+each chapter's release top to bottom as Run All does. Per chapter: the time beside the same
+notebook run outside any wall with the same threads and CPU weight, the peak memory of everything
+the learner runs (their server, the kernel and its children, their scratch files: RSS + tmpfs),
+the peak tasks, and the major page faults (a learner thrashing against their wall makes
+thousands). Then chapter 07 again in the plan's own memory wall (0.7 GiB here: issue 34's case).
+``--write-needs`` saves the figures to workshop/chapter_needs.json, which `make workshop-check`
+compares with the plan; ``--chapters-only`` skips the room of 30 (and takes chapter names).
+
 Needs root (it creates the learners' accounts; all are removed afterwards).
 """
 from __future__ import annotations
 
 import json
 import os
+import platform
+import shutil
+import signal
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -173,9 +188,150 @@ def processes() -> dict[int, str]:
     return found
 
 
+NEEDS = ROOT / "workshop" / "chapter_needs.json"
+PLANNED = 30                          # the room the chapters are measured in: a full one's walls
+NEEDS_WALL = "2G"                     # above every chapter's peak: what they need, uncut
+
+
+def memory_sample(memory: Path, pids: Path) -> tuple[int, int, int]:
+    """(RSS + tmpfs bytes, tasks, major faults so far) of a learner's cgroups (v1)."""
+    stat = dict(line.split() for line in (memory / "memory.stat").read_text().splitlines())
+    return (int(stat["total_rss"]) + int(stat["total_shmem"]),
+            int((pids / "pids.current").read_text()), int(stat["total_pgmajfault"]))
+
+
+def run_inside(b, chapter: str, memory: Path, pids: Path) -> dict:
+    """One chapter's release, every code cell in turn in a fresh kernel (as Run All runs them),
+    the learner's cgroups sampled every 0.1 s."""
+    import nbformat
+    cells = [c.source for c in nbformat.read(ROOT / "notebooks" / chapter / f"{chapter}.ipynb",
+                                             as_version=4).cells if c.cell_type == "code"]
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            samples.append(memory_sample(memory, pids))
+            stop.wait(0.1)
+
+    kernel = b.start_kernel(path=f"course/{chapter}")
+    before = memory_sample(memory, pids)
+    sampler = threading.Thread(target=sample)
+    start = time.monotonic()
+    sampler.start()
+    ran, failed, slowest = 0, None, (0.0, -1)
+    try:
+        for i, source in enumerate(cells):
+            t = time.monotonic()
+            result = b.execute(kernel, source, timeout=600)
+            slowest = max(slowest, (time.monotonic() - t, i))
+            if result.get("error") or result["died"] or result.get("timed out"):
+                failed = (f"code cell {i}: " + (result["died"] or ("ran past 600 s" if result.get("timed out")
+                          else result["error"].strip().splitlines()[-1][:200])))
+                break
+            ran += 1
+    finally:
+        seconds = time.monotonic() - start
+        stop.set()
+        sampler.join()
+        b.api("DELETE", f"kernels/{kernel}")
+    return {"seconds_inside": round(seconds, 1), "code_cells": len(cells), "ran": ran,
+            "failed": failed, "slowest_cell": [slowest[1], round(slowest[0], 1)],
+            "peak_memory_bytes": max(s[0] for s in samples + [before]),
+            "peak_tasks": max(s[1] for s in samples + [before]),
+            "major_faults": samples[-1][2] - before[2] if samples else 0}
+
+
+def run_outside(chapter: str, threads: int, cpu: Path, home_cpu: Path) -> float:
+    """The same release with nbclient in a scratch copy, no walls, the plan's threads; in a cpu
+    cgroup beside the learner's, so that on a busy machine it gets the room's CPU weight as the
+    learner does (a plain process outside it would weigh 1/30 as much)."""
+    import nbformat
+    from nbclient import NotebookClient
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / chapter
+        shutil.copytree(ROOT / "notebooks" / chapter, folder)
+        nb = nbformat.read(folder / f"{chapter}.ipynb", as_version=4)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        (cpu / "cgroup.procs").write_text(str(os.getpid()))         # the kernel inherits it
+        try:
+            start = time.monotonic()
+            NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+                           resources={"metadata": {"path": str(folder)}}).execute()
+            return round(time.monotonic() - start, 1)
+        finally:
+            (home_cpu / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def chapters_inside_the_walls(only: list[str] | None = None, memory_wall: str | None = None) -> dict:
+    """Each chapter's needs and time inside one learner's walls (module docstring), ``only``
+    these chapters; ``memory_wall``: instead of the plan's. The figures, with the walls."""
+    import walls
+    room = start_hub({"WORKSHOP_GROUP": "gpulab-bench-chapters", "WORKSHOP_DEVICES": "none",
+                      "WORKSHOP_LEARNERS": str(PLANNED), "WORKSHOP_CODE": "bench-code",
+                      "WORKSHOP_ADMIN": "benchhost",
+                      **({"WORKSHOP_MEMORY": memory_wall} if memory_wall else {})})
+    try:
+        b = Browser(room["base"], "benchchapters")
+        assert b.sign_up("pw-bench", code="bench-code").status_code == 302
+        b.use_token()
+        b.spawn()
+        b.wait_ready(timeout=300)
+        applier, _ = walls.detect("gpulab-bench-chapters")
+        if not isinstance(applier, walls.CgroupV1):
+            print("  skipped: the chapters are measured in cgroup v1 walls, which this machine lacks")
+            return {}
+        memory, pids = applier.folder("memory", b.name), applier.folder("pids", b.name)
+        wall = int((memory / "memory.limit_in_bytes").read_text())
+        tasks = int((pids / "pids.max").read_text())
+        probe = b.start_kernel()
+        threads = int(b.execute(probe, "import os; print(os.environ['OMP_NUM_THREADS'])")["stdout"])
+        b.api("DELETE", f"kernels/{probe}")
+        print(f"  Run All in one learner's walls: a room planned for {PLANNED} on this machine "
+              f"({tasks} tasks, {threads} thread(s), {os.cpu_count()} cores), memory wall "
+              f"{wall / 2**30:.2f} GiB{'' if memory_wall else ' (the plan' + chr(39) + 's)'}, one "
+              "learner; outside: the same notebook, no walls, the same threads and CPU weight")
+        chapters = {}
+        outside = applier.folder("cpu") / "bench-outside"
+        outside.mkdir()
+        home_cpu = applier.root / "cpu" / applier.own["cpu"].lstrip("/")
+        for folder in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*")):
+            if only and folder.name not in only:
+                continue
+            found = run_inside(b, folder.name, memory, pids)
+            found["seconds_outside"] = run_outside(folder.name, threads, outside, home_cpu)
+            chapters[folder.name] = found
+            print(f"    {folder.name}: {found['seconds_inside']:6.1f} s inside, "
+                  f"{found['seconds_outside']:6.1f} s outside; peak {found['peak_memory_bytes'] / MiB:4.0f} MiB "
+                  f"(server included), {found['peak_tasks']:3d} tasks, {found['major_faults']} major "
+                  f"faults; slowest cell {found['slowest_cell'][0]} ({found['slowest_cell'][1]} s)"
+                  + (f"; STOPPED at {found['failed']}" if found["failed"] else ""), flush=True)
+    finally:
+        stop_hub(room)
+    return {"walls": {"planned_for": PLANNED, "memory_bytes": wall, "tasks": tasks,
+                      "threads": threads}, "chapters": chapters}
+
+
+def chapters(write: bool, only: list[str] | None = None) -> None:
+    """Every chapter in a wall above its needs; chapter 07 in the plan's own (module docstring)."""
+    needs = chapters_inside_the_walls(only, NEEDS_WALL)
+    tight = chapters_inside_the_walls(["07_input_pipeline"])
+    if write and not only and needs:
+        NEEDS.write_text(json.dumps({
+            "measured_by": "sudo .venv/bin/python scripts/bench_workshop.py --chapters-only --write-needs",
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{os.cpu_count()} cores, {platform.machine()}, no GPU (CUDA_VISIBLE_DEVICES='')",
+            **needs, "07_in_the_plans_wall": tight}, indent=1) + "\n")
+        print(f"  written to {NEEDS.relative_to(ROOT)}")
+
+
 def main() -> None:
     if os.geteuid() != 0:
         print("  skipped: workshop mode creates a system account per learner, which needs root")
+        return
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))     # the rooms still stop
+    if "--chapters-only" in sys.argv:
+        only = [a for a in sys.argv[sys.argv.index("--chapters-only") + 1:] if not a.startswith("--")]
+        chapters("--write-needs" in sys.argv, only)
         return
     room = start_hub({"WORKSHOP_GROUP": "gpulab-bench", "WORKSHOP_DEVICES": "none",
                       "WORKSHOP_LEARNERS": str(N), "WORKSHOP_CODE": "bench-code",
@@ -236,6 +392,7 @@ def main() -> None:
         noisy_neighbour(room, browsers)
     finally:
         stop_hub(room)
+    chapters("--write-needs" in sys.argv)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ Shared by the browser tests (tests/test_browser.py, tests/test_book.py) and `mak
 
 - ``chromium()``: the system Chromium (no browser download), with background networking off, so
   that on a machine without internet it does not flood the network with refused connections;
-- ``jupyterlab(course)``: JupyterLab started exactly as `make lab` starts it, in a scratch copy of
-  the course (autosave and the Formgrader's gradebook write there, not into the repository), on
-  a free port with a token; stopped afterwards with every kernel, no process left;
+- ``jupyterlab(course)``: JupyterLab started exactly as `make lab` starts it (the learner's lab;
+  ``target="formgrader"``: the instructor's), in a scratch copy of the course (autosave,
+  workspaces and the Formgrader's gradebook write there, not into the repository), on a free port
+  with a token, with a Jupyter config folder of its own in place of ~/.jupyter; stopped
+  afterwards with every kernel, no process left;
 - ``only_local(page)``: every request that is not to this machine is blocked (and counted);
 - small JupyterLab moves: open a notebook, Run All and wait for the last cell, save, edit a cell.
 """
@@ -81,14 +83,15 @@ def only_local(page, console: Console) -> None:
 
 def scratch_course(dest: Path) -> Path:
     """A copy of the course to run JupyterLab in: notebooks, solutions, nbgrader's config and
-    keys, and the Makefile with what its lab target reads."""
+    keys, and the Makefile with what its lab targets read (lab/: each lab's settings)."""
     sys.path.insert(0, str(ROOT / "autograder"))
     from scratch_course import copy_course
 
     copy_course(dest)
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, dest / name)
-    shutil.copytree(ROOT / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("scripts", "lab"):
+        shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
 
@@ -120,21 +123,23 @@ class Lab:
 
 
 @contextlib.contextmanager
-def jupyterlab(course: Path, log: Path | None = None):
-    """`make lab` in ``course`` (a scratch copy) on a free port; yields a Lab. On exit the server
-    is asked to shut down (it stops its kernels), then its process group is ended; RuntimeError
-    if a kernel process outlives it."""
+def jupyterlab(course: Path, log: Path | None = None, target: str = "lab"):
+    """`make lab` (or another of the Makefile's lab targets: `formgrader`) in ``course`` (a
+    scratch copy) on a free port; yields a Lab. Its Jupyter config folder (JUPYTER_CONFIG_DIR,
+    ~/.jupyter otherwise: user settings, and the workspaces of any lab that does not keep its
+    own) is ``course/.jupyter``. On exit the server is asked to shut down (it stops its kernels),
+    then its process group is ended; RuntimeError if a kernel process outlives it."""
     venv = Path(sys.executable).parent.parent   # the venv this runs in: the course's own
     port, token = free_port(), secrets.token_hex(16)
     lab_args = (f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token} "
-                f"--LabApp.workspaces_dir={course / '.lab-workspaces'} "
                 f"--LabApp.user_settings_dir={course / '.lab-settings'} "
                 "--ServerApp.port_retries=0")
     # -o: the venv is ready (this is running in it); do not let make rebuild it.
     command = ["make", "-s", "-C", str(course), "-o", f"{venv}/.gpulab-ready", f"VENV={venv}",
-               "lab", f"LAB_ARGS={lab_args}"]
-    out = open(log or os.devnull, "w")
-    process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+               target, f"LAB_ARGS={lab_args}"]
+    out = open(log or os.devnull, "a")
+    process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                               env={**os.environ, "JUPYTER_CONFIG_DIR": str(course / ".jupyter")})
     lab = Lab(f"http://127.0.0.1:{port}", token, course, process)
     kernels: set[str] = set()
     try:

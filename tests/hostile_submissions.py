@@ -5,6 +5,9 @@ floods of output and attachments; a submission that waits out the time limit (te
 batch would wait with it); and failures of
 one student's grading or feedback, which the batch must survive.
 
+Issue 34 adds HTML that took quadratic time to inspect, the exchange (a submission in a
+classmate's name, a link to a classmate's folder) and a student id with a comma.
+
 Each script a student plants marks what ran: it appends its name to ``window.gpulabPwned`` (also
 in the top window) and requests a URL with PWNED in it, so that the browser test sees both.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import socket
 import stat
 import zipfile
@@ -146,6 +150,19 @@ def output_flood(nb):
                     before_b="print('x' * 120_000_000)")
 
 
+# HTML that inspection read in quadratic time: an output under the cap per cell (issue 34: 3.7 s
+# for 36,000 characters of this), and a raw cell (400,000 characters of "<a/": 20 minutes or more).
+UNFINISHED = "<a b='"
+
+
+def quadratic_html(nb):
+    answered(nb, before_a=("from IPython.display import display\n"
+                           f"display({{'text/html': {UNFINISHED!r} * {CELL_OUTPUT // len(UNFINISHED) - 400}}}, raw=True)"))
+    _add(nb, nbformat.v4.new_raw_cell("<a/" * 133_333, id="quadratic",
+                                      metadata={"raw_mimetype": "text/html", "format": "text/html"}))
+    return nb
+
+
 NOTEBOOK_ATTACKS = {
     # name: (make the submission from the release notebook, expected (a, b) scores, says)
     "html_in_cells": (html_in_cells, (1, 1), "as text: it held"),
@@ -154,6 +171,7 @@ NOTEBOOK_ATTACKS = {
     "output_flood": (output_flood, (1, 0), "stopped reaching the grader"),
     "feedback_fails": (answered, (1, 1), None),
     "honest_with_files": (answered, (1, 1), None),
+    "quadratic_html": (quadratic_html, (1, 1), "as text: it held an unfinished tag"),
 }
 
 
@@ -244,18 +262,39 @@ def _write(folder: Path, nb) -> None:
 # ------------------------------------------------------------------------------------------
 # nbgrader collect's and zip_collect's input
 
-COLLECTED, ZIPPED = "collected", "zipped"
+# The exchange's students are accounts of this machine (collect counts a submission only for the
+# account that owns it): the one running the tests submits honestly; "nobody" plays a classmate.
+COLLECTED, ZIPPED = pwd.getpwuid(os.getuid()).pw_name, "zipped"
+CLASSMATE = "nobody"
 ZIP_REGEXP = r".*/(?P<student_id>[a-z]+)_(?P<file_id>.*)"
+# A folder named for the honest student and a comma: nbgrader split the list of ids to leave
+# out at it, and never graded "honest".
+COMMA_ID = "honest,x"
 
 
 def exchange_submission(exchange: Path, course_id: str, release: Path, course: Path) -> None:
-    """What `nbgrader submit` leaves in the exchange, with a link to the key and a FIFO added."""
-    inbound = exchange / course_id / "inbound" / f"{COLLECTED}+{CHAPTER}+2026-01-05 10:00:00.000000 UTC+abc"
-    inbound.mkdir(parents=True)
-    nbformat.write(answered(_read(release)), inbound / f"{CHAPTER}.ipynb")
-    (inbound / "key.py").symlink_to(course / "autograder" / "keys" / f"{CHAPTER}.py")
-    os.mkfifo(inbound / "fifo")
-    (inbound / "timestamp.txt").write_text("2026-01-05 10:00:00.000000 UTC")
+    """What `nbgrader submit` leaves in the exchange, with a link to the key and a FIFO added;
+    and a classmate's two attacks: a later submission in the honest student's name (as root, who
+    can give it to the classmate's account), and one in their own name that links to the honest
+    student's folder."""
+    inbound = exchange / course_id / "inbound"
+    honest = inbound / f"{COLLECTED}+{CHAPTER}+2026-01-05 10:00:00.000000 UTC+abc"
+    honest.mkdir(parents=True)
+    nbformat.write(answered(_read(release)), honest / f"{CHAPTER}.ipynb")
+    (honest / "key.py").symlink_to(course / "autograder" / "keys" / f"{CHAPTER}.py")
+    os.mkfifo(honest / "fifo")
+    (honest / "timestamp.txt").write_text("2026-01-05 10:00:00.000000 UTC")
+    classmate = pwd.getpwnam(CLASSMATE)
+    link = inbound / f"{CLASSMATE}+{CHAPTER}+2026-01-05 11:00:00.000000 UTC+lnk"
+    link.symlink_to(honest)
+    if os.getuid() == 0:
+        os.lchown(link, classmate.pw_uid, classmate.pw_gid)
+        forged = inbound / f"{COLLECTED}+{CHAPTER}+2026-01-06 10:00:00.000000 UTC+forged"
+        forged.mkdir()
+        nbformat.write(answered(_read(release), a="2049", b="0.5"), forged / f"{CHAPTER}.ipynb")
+        (forged / "timestamp.txt").write_text("2026-01-06 10:00:00.000000 UTC")
+        for path in (forged, *forged.iterdir()):
+            os.chown(path, classmate.pw_uid, classmate.pw_gid)
 
 
 def lms_download(course: Path, release: Path) -> Path:

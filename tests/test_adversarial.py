@@ -11,11 +11,18 @@ links and special files, collect's and zip_collect's input, script for the instr
 (opened in Chromium, in JupyterLab's Formgrader and as feedback files), floods, a submission that
 waits out the time limit, and one student's grading or feedback failing; all in the same batch,
 with a second chapter graded first.
+
+Issue 34 adds a kernel that tries root's ways out (capabilities, remount, mknod, mount, a user
+namespace), a file without a name in the socket folder, HTML that took quadratic time to
+inspect, the exchange (a submission in a classmate's name, a link to a classmate's folder) and a
+student id with a comma; docs/threat-model.md lists each way in with the test that attacks it.
 """
 import html
 import json
+import multiprocessing
 import os
 import re
+import resource
 import socket
 import sqlite3
 import subprocess
@@ -239,14 +246,76 @@ for folder in ["/tmp", "/dev/shm", "."]:
 escaped = max(written) > @DISK_MIB@
 '''
 
-# The folder of the kernel's sockets is the one place on the grader's disk it may write to.
+# The folder of the kernel's sockets: files in it stop the kernel at once.
 SOCKET_FOLDER = r'''
 import os, time
 from ipykernel.connect import get_connection_file
 for folder in [os.path.dirname(get_connection_file())]:
     for i in range(64):
-        open(f"{folder}/fill{i}", "wb").write(b"x" * 2**20)
+        open(f"{folder}/fill{i}", "wb").write(b"x" * 2**10)
         time.sleep(0.05)
+'''
+
+# Issue 34: a file without a name (O_TMPFILE) in the same folder, which was on the grader's disk
+# (three of 1 GiB each went unnoticed there); it is a tmpfs of 1 MiB now.
+SOCKET_FOLDER_TMPFILE = r'''
+import os
+from ipykernel.connect import get_connection_file
+fd = os.open(os.path.dirname(get_connection_file()), os.O_TMPFILE | os.O_WRONLY)
+written = 0
+try:
+    for i in range(64):                     # at most 64 MiB, should the limit not hold
+        os.write(fd, b"x" * 2**20)
+        written += 1
+except OSError as error:
+    print("socket folder:", error.strerror)
+'''
+
+# Issue 34: as root, bubblewrap kept root's capabilities (CapEff 000001fffeffffff): a cell
+# remounted the gpulab bind writable, made a device node for the course's disk, mounted it, read
+# the key and wrote beside the gradebook. The disk's numbers and paths come from the test.
+ROOT_ESCAPE = r'''
+import ctypes, os, re
+import gpulab
+libc = ctypes.CDLL(None, use_errno=True)
+status = open("/proc/self/status").read()
+capabilities = re.search(r"CapEff:\s*(\w+)", status).group(1)
+uid = os.getuid()
+for inside, outside, count in (map(int, line.split()) for line in open("/proc/self/uid_map")):
+    if inside <= uid < inside + count:
+        print("CapEff", capabilities, "uid outside", outside + uid - inside)
+
+def attempt(name, ok):
+    print(name, "done" if ok else "failed: " + os.strerror(ctypes.get_errno()))
+    return ok
+
+print("etc readable", os.access("/etc/passwd", os.R_OK))       # what the kernel needs stays readable
+attempt("remount", libc.mount(b"none", os.path.dirname(gpulab.__file__).encode(), None, 32 | 4096, None) == 0)
+os.makedirs("/tmp/devices", exist_ok=True)     # the sandbox's tmpfs folders are nodev: one that is not
+attempt("tmpfs", libc.mount(b"none", b"/tmp/devices", b"tmpfs", 0, None) == 0)
+try:
+    os.mknod("/tmp/devices/disk", 0o60600, os.makedev(@MAJOR@, @MINOR@))
+    print("mknod done")
+except OSError as error:
+    print("mknod failed:", error.strerror)
+os.makedirs("/tmp/mnt", exist_ok=True)
+found = 0
+if attempt("mount", libc.mount(b"/tmp/devices/disk", b"/tmp/mnt", b"@FSTYPE@", 0, None) == 0):
+    course = "/tmp/mnt@ON_DISK@"
+    match = re.search(r'99-a", (\d+)', open(course + "/autograder/keys/99_probe.py").read())
+    found = int(match.group(1)) if match else 0
+    open(course + "/autograder/WRITTEN_FROM_THE_DISK", "w").write("student was here")
+child = os.fork()                          # unshare needs a process of one thread
+if child == 0:
+    os._exit(0 if libc.unshare(0x10000000) == 0 else ctypes.get_errno())
+error = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+print("user namespace", "done" if error == 0 else "failed: " + os.strerror(error))
+for folder in ("", "/dev"):
+    try:
+        open(folder + "/planted", "w").close()
+        print(folder or "/", "writable")
+    except OSError as error:
+        print(folder or "/", "not writable:", error.strerror)
 '''
 
 # Small limits for this batch (the defaults are in autograder/nbgrader_config.py).
@@ -322,6 +391,11 @@ ATTACKS = {
     "process_hog": (lambda nb: answered(nb, before_b=PROCESS_HOG), (1, 0), f"more than {PROCESSES} processes"),
     "disk_hog": (lambda nb: answered(nb, b="0 if escaped else 0.25", before_b=DISK_HOG), (1, 1), None),
     "writes_socket_folder": (lambda nb: answered(nb, before_b=SOCKET_FOLDER), (1, 0), "connection sockets"),
+    # Issue 34: no capabilities and never root; the socket folder's size.
+    "root_escape": (lambda nb: answered(nb, "found", "0.25 if capabilities == '0' * 16 else 0.5",
+                                        before_a=ROOT_ESCAPE), (0, 1), None),
+    "socket_folder_tmpfile": (lambda nb: answered(nb, b="0.25 if written <= 2 else 0.5",
+                                                  before_b=SOCKET_FOLDER_TMPFILE), (1, 1), None),
 }
 
 
@@ -458,13 +532,14 @@ def graded(machine):
             "@TOKEN@": token, "@PORT4@": str(ports[socket.AF_INET][1]),
             "@PORT6@": str(ports.get(socket.AF_INET6, ("", 1))[1]),
             "@ABSTRACT@": ports[socket.AF_UNIX][1:].decode() if isinstance(ports[socket.AF_UNIX], bytes)
-            else ports[socket.AF_UNIX][1:], "@DISK_MIB@": str(DISK_MIB)}
+            else ports[socket.AF_UNIX][1:], "@DISK_MIB@": str(DISK_MIB), **disk_of(course)}
     release = course / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb"
     submitted = course / "autograder" / "submitted"
     broken = submitted / "not_a_notebook" / CHAPTER
     broken.mkdir(parents=True)
     (broken / f"{CHAPTER}.ipynb").write_text("this is not a notebook {")
-    for student, (make, _, _) in {**ATTACKS, **hostile.NOTEBOOK_ATTACKS, "grader_dies": (answered, 0, 0)}.items():
+    for student, (make, _, _) in {**ATTACKS, **hostile.NOTEBOOK_ATTACKS, "grader_dies": (answered, 0, 0),
+                                  hostile.COMMA_ID: (answered, 0, 0)}.items():
         folder = submitted / student / CHAPTER
         folder.mkdir(parents=True)
         nb = make(nbformat.read(release, as_version=4))
@@ -491,12 +566,30 @@ def graded(machine):
     memory = MemoryWatch(course / "autograder")
     memory.start()
     start = time.perf_counter()
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = run(course, "grade.py", TMPDIR=str(machine["tmp"]))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+    (course / "grade-output.txt").write_text(result.stdout + result.stderr)   # to read when a test fails
     memory.stopped.set()
-    print(f"grade.py: {time.perf_counter() - start:.1f} s for {len(CASES) + 3} submissions; "
+    print(f"grade.py: {time.perf_counter() - start:.1f} s, {cpu_seconds:.0f} CPU-s for {len(CASES) + 3} submissions; "
           f"grading's peak memory {memory.peak_bytes / 2**20:.0f} MiB")
     return course, result.stdout, before, {"collect": collect, "zip_collect": zip_collect,
                                            "peak_bytes": memory.peak_bytes}
+
+
+def disk_of(path: Path) -> dict[str, str]:
+    """The block device that holds ``path``, its file system, and where ``path`` lies on it (for
+    ROOT_ESCAPE, which mounts it)."""
+    info = os.stat(path)
+    device = f"{os.major(info.st_dev)}:{os.minor(info.st_dev)}"
+    mounts = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    root, point, fstype = max(((m[3], m[4], m[m.index("-") + 1]) for m in mounts if m[2] == device
+                               and (str(path) + "/").startswith(m[4].rstrip("/") + "/")),
+                              key=lambda m: len(m[1]), default=("/", "/", "ext4"))
+    on_disk = os.path.normpath(os.path.join(root, os.path.relpath(path, point)))
+    return {"@MAJOR@": str(os.major(info.st_dev)), "@MINOR@": str(os.minor(info.st_dev)),
+            "@FSTYPE@": fstype, "@ON_DISK@": on_disk}
 
 
 def nbgrader_command(course, *args) -> str:
@@ -864,7 +957,7 @@ def test_make_autograde_names_the_submissions_stopped_at_a_time_limit(graded):
 def test_a_notebook_that_waits_out_its_time_limit_is_stopped_there(tmp_path):
     """Outside the batch (it would wait with it): cells that each sleep just under the cell limit
     are stopped at the notebook's limit, which the message names. The course's own limit fits a
-    class: a few minutes (README, "Time per student fits a class"), not 15."""
+    class: a few minutes (docs/threat-model.md, "Time per student fits a class"), not 15."""
     from secure_grading import ExecuteSandboxed
     from traitlets.config.loader import PyFileConfigLoader
 
@@ -939,8 +1032,178 @@ def test_a_course_under_tmp_is_bound_back_into_the_private_tmp(monkeypatch, tmp_
     kernel died before it said hello)."""
     import sandbox
     monkeypatch.setattr(sandbox, "python_install", lambda: ["/tmp/clone/.venv"])
-    args = sandbox.sandbox_command(str(tmp_path), str(tmp_path), sandbox.Limits(
+    args = sandbox.sandbox_command(str(tmp_path), 3, 4, sandbox.Limits(
         memory_bytes=2**30, tasks=64, disk_bytes=2**20, cpu_seconds=60))
     private_tmp = next(i for i in range(len(args)) if args[i:i + 2] == ["--tmpfs", "/tmp"])
     venv = next(i for i in range(len(args)) if args[i:i + 3] == ["--ro-bind"] + ["/tmp/clone/.venv"] * 2)
     assert private_tmp < venv
+
+
+# ------------------------------------------------------------------------------------------
+# Issue 34: a grader that is never root inside, every step bounded, the exchange, student ids
+
+def test_a_kernel_has_no_capabilities_and_is_not_root(graded):
+    """As root, bubblewrap kept root's capabilities: a cell remounted the gpulab bind writable,
+    made a device node for the course's disk, mounted it, read the key and wrote beside the
+    gradebook. Now the kernel has none, runs as an unprivileged uid outside the sandbox too, can
+    make no user namespace of its own, and its root and /dev are read-only."""
+    course, _, _, _ = graded
+    printed = outputs(course, "root_escape")
+    assert "CapEff 0000000000000000 uid outside" in printed, printed
+    assert int(printed.split("uid outside ")[1].split()[0]) != 0, printed
+    for step in ("etc readable True", "remount failed", "tmpfs failed", "mknod failed", "mount failed",
+                 "user namespace failed", "/ not writable", "/dev not writable"):
+        assert step in printed, (step, printed)
+    assert not (course / "autograder" / "WRITTEN_FROM_THE_DISK").exists()
+    assert not list((ROOT / "gpulab").rglob("planted"))
+
+
+def test_the_socket_folder_is_a_small_tmpfs(graded):
+    """A file without a name (O_TMPFILE) in the kernel's socket folder filled the grader's disk
+    unseen: the folder is a 1 MiB tmpfs in the sandbox now, counted in the submission's limits."""
+    course, _, _, _ = graded
+    assert "socket folder: No space left on device" in outputs(course, "socket_folder_tmpfile")
+
+
+def test_html_is_inspected_in_linear_time(graded):
+    """900,000 characters of ``<a b='`` in a raw cell (about 40 minutes before: quadratic) and
+    200,000 in an output, shown as text and removed, each with a finding."""
+    logged = "\n".join(findings_of(graded[0], "quadratic_html"))
+    assert "as text: it held an unfinished tag" in logged and "text/html holding an unfinished tag" in logged
+
+
+def test_a_submission_past_its_limit_scores_zero_and_the_class_goes_on(monkeypatch, tmp_path):
+    """`make autograde`'s watch on its nbgrader processes (grade.autograde), with a stand-in for
+    nbgrader that hangs at one submission: that process is stopped at the limit per submission,
+    the submission scores zero with a finding, and the rest of its share is graded in a new
+    process. (A stand-in: in the batch, a process that waits out the limit would hold a core for
+    as long; the batch's grader_dies shows the same restart with nbgrader itself.)"""
+    import grade
+    monkeypatch.setattr(grade, "AUTOGRADER", tmp_path)
+    monkeypatch.setattr(grade, "SUBMITTED", tmp_path / "submitted")
+    students = ["a_hangs", "b", "c", "d", "e"]
+    for student in students:
+        (tmp_path / "submitted" / student / CHAPTER).mkdir(parents=True)
+
+    def grade_share(share):             # as nbgrader: in path order, a progress line for each
+        for student in share:
+            if student == "a_hangs":
+                time.sleep(3600)
+            with open(tmp_path / grade.PROGRESS_LOG, "a") as log:
+                log.write(json.dumps({"student": student, "assignment": CHAPTER, "notebook": CHAPTER}) + "\n")
+
+    class StandIn(grade.Run):
+        def __init__(self, *args):
+            share = sorted(set(students) - set(args[-1].split("=", 1)[1].split(",")), key=lambda s: s + "/")
+            self.process = multiprocessing.get_context("fork").Process(target=grade_share, args=(share,))
+            self.process.start()
+            self.since, self.over_limit = time.monotonic(), False
+
+        def finish(self):
+            self.process.join()
+            return self.process.exitcode, {}
+
+    monkeypatch.setattr(grade, "Run", StandIn)
+    failed = grade.autograde(CHAPTER, jobs=2, limit=2)
+    assert failed == {"a_hangs": "its grading ran past the limit of 2 s per submission"}
+    assert grade._graded(CHAPTER) == set(students) - {"a_hangs"}
+    finding = json.loads((tmp_path / grade.INTEGRITY_LOG).read_text())
+    assert finding["student"] == "a_hangs" and finding["finding"].endswith("; it scores zero")
+
+
+@pytest.mark.needs_root
+def test_a_submission_counts_only_for_the_account_that_owns_it(graded):
+    """A later submission in a classmate's name, owned by another account, replaced their work
+    (nbgrader's check_owner only warns): refused, and named in the classmate's feedback. Making
+    a folder another account owns takes root."""
+    course, _, _, commands = graded
+    why = f"it is owned by the account {hostile.CLASSMATE!r}, not by {hostile.COLLECTED!r}"
+    assert why in "\n".join(hostile.records(course)[hostile.COLLECTED])
+    assert why in feedback_text(course, hostile.COLLECTED) and why in commands["collect"]
+
+
+def test_an_inbound_link_to_a_classmate_is_refused(graded):
+    """An inbound entry in a student's own name that links to a classmate's submission was
+    followed (the classmate's marks for a copy): refused, and nothing collected for it."""
+    course, _, _, commands = graded
+    assert not (course / "autograder" / "submitted" / hostile.CLASSMATE).exists()
+    assert "a symbolic link" in "\n".join(hostile.records(course)[hostile.CLASSMATE])
+    assert f"refused the inbound submission '{hostile.CLASSMATE}+{CHAPTER}+" in commands["collect"]
+
+
+def test_a_student_id_with_a_comma_is_refused_and_its_namesake_graded(graded):
+    """A folder 'honest,x' kept 'honest' out of grading (nbgrader splits the ids it leaves out
+    at commas): it is refused with a clear message, and 'honest' is graded."""
+    course, stdout, _, _ = graded
+    says = f"refused the folder {hostile.COMMA_ID!r}: {hostile.COMMA_ID!r} is not a valid student id"
+    assert f"refused  {hostile.COMMA_ID}: {says}" in stdout
+    assert (course / "autograder" / "refused" / "(invalid ids)" / hostile.COMMA_ID).is_dir()
+    with Gradebook(f"sqlite:///{course / 'autograder' / 'gradebook.db'}") as gradebook:
+        assert gradebook.find_submission(CHAPTER, "honest").score == 2
+
+
+def test_student_ids_are_letters_digits_and_dot_underscore_dash():
+    from intake import invalid_student_id
+    assert not any(map(invalid_student_id, ["alice", "bob.smith", "s_123-x", "_x", "A1"]))
+    for bad in ["bob,x", "a+b", "a b", "a/b", ".hidden", "-option", "", "ü", "x" * 101, "a*"]:
+        assert bad[:100] in invalid_student_id(bad) and "not a valid student id" in invalid_student_id(bad)
+
+
+def test_html_the_parser_rejects_or_too_large_counts_as_unsafe():
+    """html.parser raises on '<![<!' (an output with it stopped its submission's grading) and
+    inspection is capped in size."""
+    from graded_html import MAX_HTML_CHARS, MAX_MARKDOWN_CHARS
+    assert unsafe_html("<![<![<!x") == ["markup that cannot be read safely"]
+    assert unsafe_svg("<![<![<!x") == ["markup that cannot be read safely"]
+    assert "not inspected" in unsafe_html("x" * (MAX_HTML_CHARS + 1))[0]
+    assert "not inspected" in unsafe_markdown("<b>x</b>" * (MAX_MARKDOWN_CHARS // 8 + 1))[0]
+    assert unsafe_html("<b>fine</b> &amp; text") == []
+
+
+def test_a_feedback_page_past_its_limit_stops_with_an_error():
+    """The feedback deadline (nbgrader's pre- and post-convert hooks of generate_feedback): a page
+    over it raises, which nbgrader reports for that student alone (the batch's feedback_fails
+    shows what follows); a page within it leaves no alarm behind; and in a server's event loop
+    (the Formgrader's feedback button) it sets none. In a process of its own: this one may run an
+    event loop (Playwright's)."""
+    code = f"""
+import asyncio, sys, time
+sys.path.insert(0, {str(ROOT / "autograder")!r})
+from secure_grading import FeedbackDeadline
+deadline = FeedbackDeadline(lambda: 0.3)
+deadline.start()
+start = time.monotonic()
+try:
+    while time.monotonic() - start < 30:
+        sum(range(1000))
+except TimeoutError as error:
+    print("stopped:", error)
+deadline.start()
+deadline.stop()
+time.sleep(0.5)
+async def in_a_server():
+    deadline.start()
+    await asyncio.sleep(0.5)
+asyncio.run(in_a_server())
+print("no alarm left")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines() == ["stopped: its feedback took longer than 0.3 s (the limit per "
+                                          "submission)", "no alarm left"], result.stdout + result.stderr
+
+
+def test_the_folders_above_the_sandbox_mounts_are_open_to_its_user(monkeypatch, tmp_path):
+    """A Python install or a course behind a closed folder (a clone in a private home folder,
+    pyenv under /root): bubblewrap made the folders above a mount point 0700, which a root
+    grader's kernel, not root, could not pass; they are made 0755, before the mount."""
+    import sandbox
+    monkeypatch.setattr(sandbox, "python_install", lambda: ["/root/.pyenv/versions/3.11"])
+    args = sandbox.sandbox_command(str(tmp_path), 3, 4, sandbox.Limits(
+        memory_bytes=2**30, tasks=64, disk_bytes=2**20, cpu_seconds=60))
+    text = " ".join(args)
+    bind = text.index("--ro-bind /root/.pyenv/versions/3.11")
+    for parent in ("/root", "/root/.pyenv", "/root/.pyenv/versions"):
+        assert text.index(f"--perms 0755 --dir {parent} ") < bind, parent
+    assert text.index("--perms 0755 --dir /etc ") < text.index("--ro-bind /etc/")
+    assert f"--perms 0755 --dir {tmp_path.parent} " in text      # the working copy's, under /tmp
+    assert "--cap-drop ALL" in text and "--remount-ro /" in text

@@ -89,7 +89,7 @@ def test_batches_of_pairs_are_drawn_with_the_languages_probabilities():
     torch.testing.assert_close(L.batch_gradient(W, counts), L.gradient(W, LANG), atol=3e-3, rtol=0)
 
 
-def test_texts_follow_the_chain():
+def test_sequences_follow_the_chain():
     tokens = L.sample_sequences(LANG, 2000, 16, torch.Generator().manual_seed(4))
     assert tokens.shape == (2000, 17) and tokens.max() < 32
     pairs = torch.zeros(32, 32, dtype=torch.float64)
@@ -119,6 +119,7 @@ def test_gradient_noise_meter_returns_the_noise_scale_of_exact_norms():
     for _ in range(5):
         meter.update(noise_scale.expected_squared_norm(0.01, 2.0, 8), noise_scale.expected_squared_norm(0.01, 2.0, 64))
     assert meter.noise_scale == pytest.approx(200.0)
+    assert (meter.mean_g2, meter.mean_trace) == (pytest.approx(0.01), pytest.approx(2.0))   # bias-corrected
 
 
 def test_the_best_step_is_linear_below_the_noise_scale_and_saturates_above():

@@ -236,7 +236,7 @@ def rendered(site: Path, chromium, name: str) -> dict:
     return report | {"console": console}
 
 
-PAGES = ["intro", "formulas", "glossary", *(f"chapters/{c}" for c in CHAPTERS)]
+PAGES = ["intro", "teaching", "workshop", "formulas", "glossary", *(f"chapters/{c}" for c in CHAPTERS)]
 
 
 @pytest.mark.parametrize("name", PAGES)

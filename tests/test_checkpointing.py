@@ -337,10 +337,35 @@ def test_the_chapters_loop_is_the_code_that_runs_and_quiz_11_differs_in_line_8()
         return re.search(r"```python\n(.*?)```", cells[cell_id], re.S).group(1).splitlines()
 
     right, quiz = block("ch05-md-script-accum"), block("ch05-md-quiz-loop")
-    body = [line.strip() for line in inspect.getsource(ddp_accumulation.accumulate).splitlines()]
+    body = [line.strip() for line in inspect.getsource(ddp_accumulation.accumulate).splitlines()
+            if not line.endswith("# for the log")]         # what chapter 06's script logs
     assert [line.strip() for line in right[:-2]] == body[body.index(right[0].strip()):][:len(right) - 2]
     assert right[-2:] == ["optimizer.step()", "optimizer.zero_grad(set_to_none=True)"]
     code = [re.sub(r"^ ?\d+ {2}", "", line) for line in quiz]        # drop the line numbers
     differ = [n for n, (a, b) in enumerate(zip(code, right), 1)
               if a.split("#")[0].rstrip() != b.split("#")[0].rstrip()]
     assert len(code) == len(right) and differ == [8]
+
+
+def test_the_plain_loop_the_chapter_prints_runs_and_clips_the_global_batchs_gradient():
+    """Chapter 05, section 4 (issue 35): the one-GPU loop the chapter prints (the loss over k,
+    clip_grad_norm_ once at the boundary) is, line for line, accumulation.train_step; run on 4
+    micro-batches it clips the same norm as one step on the whole batch and leaves the same
+    weights, which clipping each micro-batch would not."""
+    import inspect
+    import json
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "solutions" / "05_checkpointing_accumulation"
+    cells = {c["id"]: "".join(c["source"])
+             for c in json.loads((path / "05_checkpointing_accumulation.ipynb").read_text())["cells"]}
+    printed = re.search(r"```python\n(k = len.*?)```", cells["ch05-md-script-read"], re.S).group(1)
+    body = inspect.getsource(acc.train_step).splitlines()
+    start = next(i for i, line in enumerate(body) if line.strip().startswith("k = len"))
+    assert [line.strip() for line in printed.splitlines()] == [
+        line.strip() for line in body[start:start + len(printed.splitlines())]]
+    out = acc.clipping_at_the_boundary_example(micro_batches=4)
+    assert out["norm, accumulated"] == pytest.approx(out["norm, whole batch"], rel=1e-5)
+    assert out["norm, whole batch"] > 0.1             # above max_norm: clipping did act
+    assert out["max |weight difference|"] < 1e-6

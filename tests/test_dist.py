@@ -260,6 +260,18 @@ def test_one_gpu_host_two_ranks_stay_on_the_cpu(monkeypatch):
         assert recipe["gradients before the last micro-batch"] == 0
         assert recipe["gradients after it"] == recipe["parameter tensors"]
         assert recipe["block sharded after forward"] and not recipe["root sharded after forward"]
+        # Issue 36, erratum 13: skipping the gradient sync skips only the reduce-scatter (one
+        # per unit, in the last micro-batch); every micro-batch still all-gathers every unit in
+        # forward and every block again in backward, unless set_reshard_after_backward(False)
+        # keeps them gathered: then only the blocks' backward re-gathers remain after the first.
+        units, blocks = recipe["units"], recipe["units"] - 1
+        assert recipe["reduce-scatters"] == [0, 0, 0, units]
+        assert recipe["all-gathers"] == [units + blocks] * 4
+        kept = state["fsdp2 recipe, kept gathered"]
+        assert kept["reduce-scatters"] == [0, 0, 0, units]
+        assert kept["all-gathers"] == [units + blocks] + [blocks] * 3
+        assert kept["gradient sum of this rank's shards"] == pytest.approx(
+            recipe["gradient sum of this rank's shards"], rel=1e-6)
     assert sum(state["zero_adam_state"] for state, _ in results) == 2 * psi
 
 
@@ -296,6 +308,35 @@ def one_rank_group():
                             world_size=1)
     yield
     dist.destroy_process_group()
+
+
+def test_fsdp2_checkpoint_saves_and_loads_the_sharded_state(one_rank_group, tmp_path):
+    """Chapter 06's FSDP2 checkpoint lines (issue 36): get_state_dict + torch.distributed.checkpoint
+    save the model and AdamW's state, and a fresh sharded model loads them back exactly."""
+    from torch.distributed.fsdp import fully_shard
+
+    from gpulab.parallel import data_parallel
+
+    def sharded():
+        model = data_parallel.seeded_gpt("cpu")
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    x, y = data_parallel.next_token_batch(2, 16, seed=0, device="cpu")
+    model, optimizer = sharded()
+    model(x, y)[1].backward()
+    optimizer.step()
+    data_parallel.save_sharded(model, optimizer, tmp_path / "step1")
+    fresh, fresh_optimizer = sharded()
+    data_parallel.load_sharded(fresh, fresh_optimizer, tmp_path / "step1")
+    for (name, p), q in zip(model.named_parameters(), fresh.parameters()):
+        assert torch.equal(p.full_tensor(), q.full_tensor()), name
+        assert torch.equal(optimizer.state[p]["exp_avg"].full_tensor(),
+                           fresh_optimizer.state[q]["exp_avg"].full_tensor()), name
+    assert not torch.equal(next(fresh.parameters()).full_tensor(),
+                           next(data_parallel.seeded_gpt("cpu").parameters()))   # it did step
 
 
 @pytest.mark.parametrize("mode", ["by hand, per tensor", "by hand, one bucket"])
@@ -374,3 +415,31 @@ def test_the_torchrun_script_on_one_rank(monkeypatch, capsys):
     assert summary["all-reduces per step"] == [1] and summary["tokens per step"] == 8 * 8
     epoch_0, epoch_1 = summary["first samples"]["0"]
     assert epoch_0 != epoch_1                       # set_epoch: a new order each epoch
+    assert len(summary["loss per step"]) == 4
+
+
+def test_the_torchrun_script_saves_on_rank_0_and_resumes(monkeypatch, capsys, tmp_path):
+    """Issue 36: a restart (torchrun --max-restarts) runs the script from the top, so it must
+    resume from its checkpoint: after one epoch saved, a run asked for two trains only the
+    second, from the saved model and optimizer."""
+    import json
+
+    from gpulab.parallel import train_ddp
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    checkpoint = tmp_path / "checkpoint.pt"
+    runs = []
+    for epochs in (1, 2, 2):
+        monkeypatch.setenv("MASTER_PORT", str(free_port()))
+        train_ddp.main(["--epochs", str(epochs), "--sequences", "16", "--seq-len", "8",
+                        "--checkpoint", str(checkpoint)])
+        runs.append(capsys.readouterr().out)
+    first, resumed = (json.loads(out.split("summary: ")[1]) for out in runs[:2])
+    assert (first["first epoch"], first["steps"]) == (0, 2)
+    assert (resumed["first epoch"], resumed["steps"]) == (1, 2)
+    saved = torch.load(checkpoint)
+    assert saved["epoch"] == 1 and saved["optimizer"]["state"][0]["step"] == 4   # 2 + 2 steps
+    assert "finished all 2 epochs" in runs[2]

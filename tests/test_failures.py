@@ -2,6 +2,7 @@
 Young's and Daly's published formulas and a simulation, the out-of-memory message round trip,
 the CUDA error texts, kernel-image compatibility, NaN steps and /dev/shm."""
 import math
+import os
 
 import pynvml
 import pytest
@@ -150,3 +151,21 @@ def test_a_missing_rank_times_out_and_its_stack_names_the_collective():
     waiting = next(thread for thread in dump.split("\n\n") if "missing_rank" in thread)
     line = int(waiting.split("missing_rank")[0].rsplit("line ", 1)[1].split()[0])
     assert "allreduce" in open(failures.__file__).read().splitlines()[line - 1]
+
+
+def test_monitored_barrier_names_the_rank_that_never_came():
+    """Section 6.2, for real: rank 0 of two gloo ranks waits at monitored_barrier for rank 1, and
+    the error (and gloo's own log, captured from stderr) names rank 1."""
+    waited, message, log = failures.missing_rank_at_barrier(timeout_seconds=0.5)
+    assert 0.4 < waited < 5 and "Ranks 1 failed to pass monitoredBarrier" in message
+    assert "monitoredBarrier" in log
+
+
+def test_record_writes_the_error_torchrun_prints(monkeypatch):
+    """Section 6.3: @record writes the exception to TORCHELASTIC_ERROR_FILE, and the helper puts
+    the environment back as it found it."""
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", "/nonexistent/kept.json")
+    written = failures.recorded_error(FloatingPointError("loss is NaN at step 14"))
+    assert written["message"]["message"] == "FloatingPointError: loss is NaN at step 14"
+    assert "in main" in written["message"]["extraInfo"]["py_callstack"]
+    assert os.environ["TORCHELASTIC_ERROR_FILE"] == "/nonexistent/kept.json"

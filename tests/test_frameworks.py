@@ -2,6 +2,7 @@
 against the installed versions, DeepSpeed's estimator restated against DeepSpeed, and the key
 against figures worked by hand."""
 import dataclasses
+import json
 import inspect
 import math
 from pathlib import Path
@@ -16,15 +17,49 @@ from gpulab.frameworks import knobs, zero_memory
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("n, ranks, micro, k", [(40, 2, 4, 2), (10_000, 4, 8, 4), (7, 3, 2, 5), (64, 1, 8, 8)])
-def test_optimizer_steps_are_what_a_sampler_and_an_accumulating_loop_give(n, ranks, micro, k):
-    """The three roundings, against torch's DistributedSampler and a loop that steps every k
-    micro-batches and at the end of the epoch (what Accelerate, Lightning and the Trainer do)."""
-    per_rank = len(DistributedSampler(range(n), num_replicas=ranks, rank=0))
-    assert per_rank == knobs.samples_per_rank(n, ranks)
-    batches = math.ceil(per_rank / micro)
-    steps = sum(1 for i in range(batches) if (i + 1) % k == 0 or i + 1 == batches)
-    assert (knobs.batches_per_rank(n, micro, ranks), knobs.optimizer_steps_per_epoch(n, micro, k, ranks)) == (batches, steps)
+BOOKKEEPING_CASES = [(40, 2, 4, 2), (42, 2, 4, 2), (50, 2, 4, 2), (10_000, 4, 8, 4), (7, 3, 2, 5), (64, 1, 8, 8),
+                     (13, 4, 3, 2)]
+
+
+def _steps_of(batch_sizes: list[int], k: int) -> list[int]:
+    """Samples per optimizer step of a loop that steps every k micro-batches and at the end."""
+    return [sum(batch_sizes[i:i + k]) for i in range(0, len(batch_sizes), k)]
+
+
+@pytest.mark.parametrize("n, ranks, micro, k", BOOKKEEPING_CASES)
+def test_bookkeeping_behind_a_distributed_sampler_is_torchs(n, ranks, micro, k):
+    """Lightning's (and plain PyTorch's) rounding, against torch's DistributedSampler and a loop that
+    steps every k micro-batches and at the end of the epoch; ceil(N / (b k R)) steps."""
+    per_rank = [list(DistributedSampler(range(n), num_replicas=ranks, rank=r, shuffle=False)) for r in range(ranks)]
+    assert {len(s) for s in per_rank} == {knobs.samples_per_rank(n, ranks)}
+    batches = [len(chunk) for chunk in torch.arange(len(per_rank[0])).split(micro)]
+    steps = [ranks * s for s in _steps_of(batches, k)]
+    assert knobs.samples_per_step(n, micro, k, ranks) == steps
+    assert knobs.batches_per_rank(n, micro, ranks) == len(batches) == math.ceil(n / (micro * ranks))
+    assert knobs.optimizer_steps_per_epoch(n, micro, k, ranks) == len(steps) == math.ceil(n / (micro * k * ranks))
+
+
+@pytest.mark.parametrize("n, ranks, micro, k", BOOKKEEPING_CASES)
+def test_even_batches_are_accelerates_batch_sampler_shard(n, ranks, micro, k):
+    """Accelerate's (and the HF Trainer's) rounding, against accelerate's BatchSamplerShard itself
+    (even_batches=True, its default): whole batches dealt round the ranks, the last filled from
+    the start of the epoch, so every micro-batch is full on more than one rank."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    sampler = BatchSampler(SequentialSampler(range(n)), micro, drop_last=False)
+    shards = [[len(b) for b in BatchSamplerShard(sampler, num_processes=ranks, process_index=r)]
+              for r in range(ranks)] if ranks > 1 else [[len(b) for b in sampler]]
+    assert all(shard == shards[0] for shard in shards)
+    assert knobs.samples_per_step(n, micro, k, ranks, even_batches=True) == [ranks * s for s in _steps_of(shards[0], k)]
+    assert len(shards[0]) == knobs.batches_per_rank(n, micro, ranks)
+
+
+def test_gradient_weights_of_the_last_shorter_group():
+    # 50 samples, b 4, R 2: 7 micro-batches per rank, k 2: the fourth step has one micro-batch.
+    assert knobs.gradient_weights(50, 4, 2, 2) == [1.0, 1.0, 1.0, 0.5]
+    assert knobs.gradient_weights(50, 4, 2, 2, divide_by_window=True) == [1.0] * 4
+    assert knobs.gradient_weights(48, 4, 3, 2) == [1.0, 1.0]          # 6 micro-batches, k 3: no short group
 
 
 def test_deepspeed_batch_triple_is_deepspeeds():
@@ -118,6 +153,9 @@ def test_each_tool_reports_what_the_bookkeeping_predicts(one_rank_reports):
     for tool, report in one_rank_reports.items():
         assert report.optimizer_steps == knobs.optimizer_steps_per_epoch(10, 2, 2) == 3, tool
         assert report.tokens_per_step == [128, 128, 64], tool
+        # Accelerate and Lightning divide the last, lone micro-batch's loss by k = 2; the Trainer by 1
+        assert report.gradient_weights == knobs.gradient_weights(10, 2, 2, divide_by_window=tool == "HF Trainer"), tool
+        assert report.gradient_weights[-1] == (1.0 if tool == "HF Trainer" else 0.5), tool
         assert report.global_batch == 4, tool
         per_param = sum(report.state_bytes.values()) / n
         assert per_param == pytest.approx(8 if tool == "Lightning" else 16, rel=0.001), tool
@@ -143,9 +181,58 @@ def test_key_against_worked_figures():
         ("trainer_doubles", "float32", "c")
 
 
+def test_the_trainer_passes_a_token_normalised_model_the_tokens_of_the_whole_step():
+    """Chapter 09's "In your training script": a model whose forward takes ``num_items_in_batch``
+    gets, in every micro-batch, the label tokens of the whole optimizer step (7 samples of 32
+    tokens, micro-batch 2, k 2: micro-batches of 2, 2 | 2, 1 samples), and the Trainer then does not
+    divide its loss by k."""
+    from transformers import Trainer, TrainingArguments
+
+    from gpulab.frameworks import runs
+    from gpulab.frameworks.tiny_run import TokenDataset, TokenMeanGPT
+
+    model = TokenMeanGPT()
+    runs._forget_accelerate_state()
+    try:
+        with runs._workspace() as out, runs._captured():
+            args = TrainingArguments(output_dir=out, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                     num_train_epochs=1, use_cpu=True, report_to="none", save_strategy="no",
+                                     logging_strategy="no", disable_tqdm=True)
+            Trainer(model=model, args=args, train_dataset=TokenDataset(7)).train()
+    finally:
+        runs._forget_accelerate_state()
+    assert model.items_seen == [(64, 128), (64, 128), (64, 96), (32, 96)]    # (this micro-batch, the step)
+    assert model.loss_weight == pytest.approx(4.0)                           # 1 per micro-batch: no 1/k
+
+
 def test_accelerate_backward_divides_by_the_accumulation_steps():
     """Quiz 11's premise, read from Accelerate itself."""
     from accelerate import Accelerator
     source = inspect.getsource(Accelerator.backward)
     assert "loss = loss / self.gradient_accumulation_steps" in source
     assert torch.__version__   # (torch imported for the sampler above)
+
+
+def test_the_trainer_fills_deepspeed_auto_values_and_refuses_a_mismatch():
+    """Chapter 09's "In your training script": "auto" in a DeepSpeed config takes the value from
+    TrainingArguments (no DeepSpeed engine starts), and a number that disagrees stops the Trainer."""
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    config = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+              "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+              "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                        "weight_decay": "auto"}},
+              "zero_optimization": {"stage": 2}}
+    args = TrainingArguments(output_dir="unused", per_device_train_batch_size=8, gradient_accumulation_steps=4,
+                             learning_rate=3e-4, weight_decay=0.1, bf16=True, max_grad_norm=1.0, use_cpu=True,
+                             report_to="none")
+    filled = HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
+    filled.trainer_config_process(args)
+    assert (filled.config["train_batch_size"], filled.config["train_micro_batch_size_per_gpu"],
+            filled.config["gradient_accumulation_steps"]) == (32, 8, 4)            # 8 x 4 x world size 1
+    assert filled.config["optimizer"]["params"]["lr"] == 3e-4 and filled.config["bf16"]["enabled"] is True
+    mismatch = HfTrainerDeepSpeedConfig(dict(json.loads(json.dumps(config)), gradient_accumulation_steps=8))
+    mismatch.trainer_config_process(args)
+    with pytest.raises(ValueError, match="mismatch TrainingArguments"):
+        mismatch.trainer_config_finalize(args, None, 100)

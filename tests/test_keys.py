@@ -1,4 +1,5 @@
 """Answer keys: complete, consistent with the notebooks, and cross-checked against published figures."""
+import math
 import re
 from pathlib import Path
 
@@ -406,6 +407,22 @@ def test_chapter_06_diagnostics_name_the_real_slip():
     for wrong in (18, 14, 3):
         with pytest.raises(WrongAnswer):
             judge(items["06-zero3-gpus"], wrong)
+    # Issue 36, erratum 18: the budget read as GiB is named whenever it is the slip, not only
+    # where it happens to equal the rounded-down count (175B: 58 GPUs, not 62, at 45 GB).
+    from gpulab.course.checks import import_key
+
+    module = import_key(ROOT / "autograder" / "keys" / "06_data_parallel.py")
+    canonical = {name: param.canonical for name, param in module.PARAMS.items()}
+    for big in module.PARAMS["big"].values:
+        for budget in module.PARAMS["budget_gb"].values:
+            p = {**canonical, "big": big, "budget_gb": budget}
+            item = {i.id: i for i in module.items(p)}["06-zero3-gpus"]
+            in_gib = math.ceil(big["n"] * 16 / (budget * 2**30))
+            rounded_down = math.floor(big["n"] * 16 / (budget * 1e9))
+            with pytest.raises(WrongAnswer, match="GiB"):
+                judge(item, in_gib)
+            with pytest.raises(WrongAnswer, match="round up"):
+                judge(item, rounded_down)
 
 
 def test_chapter_06_code_reading_and_attributions():
@@ -456,7 +473,7 @@ def test_chapter_07_against_worked_figures():
     # Serial: 32 x 2 ms + 3 + 40 = 107 ms; overlapped: max(64 / 4, 3, 40) = 40 ms, 800 samples/s.
     assert value["07-serial-step-ms"] == pytest.approx(107)
     assert (value["07-overlap-step-ms"], value["07-samples-per-s"]) == (pytest.approx(40), pytest.approx(800))
-    assert value["07-workers-needed"] == 8 and value["07-bound-stage"] == "data"    # 320/40; 60 > 55 ms
+    assert value["07-workers-needed"] == 8 and value["07-bound-stage"] == "data"    # 300/40 = 7.5; 60 > 55 ms
     assert (value["07-io-speedup"], value["07-cpu-speedup"]) == (8, 2)
     assert value["07-idle-share"] == pytest.approx(67 / 107)
     assert value["07-launch-bound-ms"] == pytest.approx(12)                       # 2000 x 6 µs

@@ -133,6 +133,18 @@ class RoundTrip:
                       for o in c.outputs if o.output_type == "error"]
             assert not failed, (student, failed)
 
+    def test_the_solvers_run_all_shows_no_stderr(self, graded, chapter):
+        """A learner reads a pink stderr box as an error: a chapter's Run All shows none (a
+        harmless library log is silenced at its source, or explained beside it on stdout). Each
+        one found is named by its cell and first line."""
+        course, _ = graded
+        nb = nbformat.read(course / "autograder" / "autograded" / "solver" / chapter / f"{chapter}.ipynb",
+                           as_version=4)
+        found = [(c.get("id"), (o.text.strip().splitlines() or ["(blank)"])[0][:160])
+                 for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                 if o.output_type == "stream" and o.name == "stderr"]
+        assert not found, f"{chapter}: stderr in the solver's Run All: {found}"
+
     def test_feedback_names_the_mistake(self, graded, chapter):
         course, _ = graded
         feedback = course / "autograder" / "feedback"

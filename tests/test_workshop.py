@@ -1,9 +1,9 @@
-"""Workshop mode (issues 20 and 30): a real JupyterHub on localhost with ten learners, walled in.
+"""Workshop mode (issues 20, 30 and 34): a real JupyterHub on localhost with ten learners, walled in.
 
 One hub for the whole file (the `room` fixture), started by workshop/run.py as `make workshop`
 starts it, on free ports, with three made-up GPUs (a modelled NVML on the hub's PYTHONPATH,
 tests/modelled_nvml, gives them UUIDs and device minor numbers) and small walls: 1 GiB, 128
-tasks and 64 MiB of scratch per learner. The fixture plays the room once, all learners at the
+tasks, 64 MiB of scratch and a 64 MiB home disk per learner, 11 places. The fixture plays the room once, all learners at the
 same time where a room would be. First they sign up over HTTP, their servers spawn, each runs
 code in a kernel through its server's REST and websocket API and saves its quizzes' verdicts;
 one learner's kernel dies first. Then some attack the walls as a hostile learner would while
@@ -11,10 +11,15 @@ their classmates work: a memory hog, a process storm, /dev/shm filled, other GPU
 nodes opened (mknod stand-ins with NVIDIA's major number: a denial is EPERM, a node the learner
 may open but whose driver is absent ENXIO), scratch files and a planted torch.compile cache in
 /tmp, the course's solutions and keys, a FIFO, a symlink and a 2 GB sparse file for the
-progress page; someone guesses a password; someone signs up as a system group. Then the host
-looks. The tests check what happened (one in Chromium: the learner's and the host's first
-minutes), and the last one stops the hub and checks nothing is left. Creating the learners'
-system accounts and cgroups needs root, as a workshop does.
+progress page; a home filled past its disk; someone guesses a password; someone signs up as a
+system group. Then the host looks. Then, with every place taken, a learner signs up three more
+names (the host lets one in, whose server the plan has no room for); a machine elsewhere in the
+room sends sign-ins with a made-up X-Real-Ip; a classmate guesses a learner's password six times
+while that learner signs in from their own browser; a learner leaves a daemon behind and their
+server ends by itself. The tests check what happened (one in Chromium: the learner's and the
+host's first minutes), and the last one stops the hub and checks nothing is left. Creating the
+learners' system accounts, cgroups and disks needs root, as a workshop does: those tests are
+marked needs_root (tests/conftest.py).
 """
 from __future__ import annotations
 
@@ -56,11 +61,17 @@ KERNEL_IDLE_S = 20          # long enough for the attacks to use the kernels of 
 CHAPTER = "01_device_basics"
 KEY = load_key_module(ROOT / "autograder" / "keys" / f"{CHAPTER}.py")
 ITEM_A, ITEM_B = "01-batch-bytes", "01-batch-mib"
-GROUP = f"gpulab-test-{uuid.uuid4().hex[:6]}"   # never a real workshop's group
+# This run's own group and account names: never a real workshop's, nor another run's beside it.
+RUN = uuid.uuid4().hex[:6]
+GROUP = f"gpulab-test-{RUN}"
+HOST, GUESSED, NEWCOMER = f"w{RUN}host", f"w{RUN}guessed", f"w{RUN}newcomer"
+EXTRA = [f"w{RUN}extra{i}" for i in range(3)]    # sign-ups past the room's places
+DISK = 64 * 2**20                                # each learner's home
+ELSEWHERE, SPOOFER = "127.0.0.2", "127.0.0.3"    # two more machines in the room (loopback)
 
 
 def learner(i: int) -> str:
-    return f"wslearner{i:02d}"
+    return f"w{RUN}l{i:02d}"
 
 
 def answers(i: int) -> dict[str, str]:
@@ -171,6 +182,8 @@ for path in %r:
         seen[path] = "read"
     except PermissionError:
         seen[path] = "denied"
+    except FileNotFoundError:   # a checkout behind a closed folder: only what learners need shows
+        seen[path] = "absent"
 print(json.dumps(seen))
 """
 INDUCTOR_CACHE = """
@@ -192,6 +205,42 @@ replace("04_mixed_precision", lambda p: os.truncate(open(p, "w").name, 2 * 10**9
 replace("05_checkpointing_accumulation", lambda p: os.symlink("/etc/shadow", p))
 print("set")
 """
+FILL_HOME = """
+import errno, json, os
+home = os.path.expanduser("~")
+disk = os.statvfs(home)
+written, failed = 0, None
+try:
+    with open(os.path.join(home, "filling"), "wb", buffering=0) as f:
+        for _ in range(%d):                    # twice the disk
+            written += f.write(b"x" * 2**20)
+except OSError as error:
+    failed = errno.errorcode.get(error.errno)
+os.remove(os.path.join(home, "filling"))
+print(json.dumps({"written": written, "failed": failed, "size": disk.f_blocks * disk.f_frsize,
+                  "course": os.path.isdir(os.path.join(home, "course"))}))
+""" % (2 * DISK // 2**20)
+PAST_THE_PROXY = """
+import json, requests
+hub = "http://127.0.0.1:%%d/hub/login"
+codes = []
+for n in range(26):
+    claim = {"X-Forwarded-For": f"10.8.{n}.1"}      # the same on both: the hub's XSRF reads it
+    s = requests.Session()
+    s.get(hub, headers=claim, timeout=30)
+    reply = s.post(hub, headers=claim, allow_redirects=False, timeout=30, data={
+        "username": f"w%sdirect{n}", "password": "wrong", "_xsrf": s.cookies.get("_xsrf")})
+    codes.append(reply.status_code)
+    if reply.status_code == 429:
+        break
+print(json.dumps(codes))
+""" % RUN
+DAEMON = """
+import subprocess
+subprocess.run(["setsid", "--fork", "sleep", "600"], check=True, stdin=subprocess.DEVNULL,
+               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print("started")
+"""
 SECRET_ITEM = "99-secret-item"
 
 
@@ -201,14 +250,12 @@ SECRET_ITEM = "99-secret-item"
 
 @pytest.fixture(scope="module")
 def room():
-    if os.geteuid() != 0:
-        pytest.fail("workshop mode creates a system account per learner, which needs root: run "
-                    "the tests as root (as a container or CI does), or sudo make test.")
     if not (WORKSHOP / "node_modules" / ".bin" / "configurable-http-proxy").exists():
         pytest.fail("the workshop's proxy is not installed: make test installs it (npm ci --prefix workshop)")
     room = start_hub({"WORKSHOP_GROUP": GROUP, "WORKSHOP_DEVICES": ",".join(DEVICES),
                       "WORKSHOP_LEARNERS": str(N_LEARNERS), "WORKSHOP_KERNEL_IDLE_S": str(KERNEL_IDLE_S),
-                      "WORKSHOP_CODE": "room-code-42", "WORKSHOP_ADMIN": "wshost",
+                      "WORKSHOP_CODE": "room-code-42", "WORKSHOP_ADMIN": HOST,
+                      "WORKSHOP_SIGNUPS": str(N_LEARNERS + 1), "WORKSHOP_DISK": str(DISK),
                       "WORKSHOP_MEMORY": str(MEMORY), "WORKSHOP_TASKS": str(TASKS),
                       "WORKSHOP_SCRATCH": str(SCRATCH), "MODELLED_NVML": json.dumps(MACHINE),
                       "PYTHONPATH": str(ROOT / "tests" / "modelled_nvml")})
@@ -256,7 +303,7 @@ def play(room: dict) -> None:
     room["browsers"] = browsers
 
     # Two who may not get in: a wrong code, and someone else claiming a taken name.
-    room["wrong_code"] = Browser(base, "wsnewcomer").sign_up("pw-newcomer", code="wrong-code").status_code
+    room["wrong_code"] = Browser(base, NEWCOMER).sign_up("pw-newcomer", code="wrong-code").status_code
     room["taken_name"] = Browser(base, learner(1)).sign_up("pw-impostor", code=env["WORKSHOP_CODE"]).status_code
 
     # Learner 0's kernel dies; their server starts it again (their probe runs in it, below).
@@ -323,7 +370,9 @@ def play(room: dict) -> None:
             time.sleep(1)
             return b.execute(b.start_kernel(), "print(6 * 7)")
         if name == "shm 7":
-            return b.execute(kernels[b.name], FILL_SHM)
+            found = b.execute(kernels[b.name], FILL_SHM)
+            found["home"] = b.execute(kernels[b.name], FILL_HOME)
+            return found
         if name == "nodes 8":
             found = b.execute(kernels[b.name], OPEN_NODES % [str(p) for p in nodes.values()])
             found["traps"] = b.execute(kernels[b.name], TRAPS % str(secret))
@@ -364,6 +413,19 @@ def play(room: dict) -> None:
     room["progress"] = (page.status_code, page.text)
     room["learner_progress_blocked"] = browsers[3].http.get(
         f"{base}/services/progress/", timeout=60, allow_redirects=False).status_code
+    room["home_7"] = pwd.getpwnam(learner(7)).pw_dir
+
+    # Phase 3, one after the other: sign-ups past the room's places (the host lets one in, whose
+    # server the plan has no room for); then, side by side, sign-ins with a made-up X-Real-Ip and a
+    # classmate's guesses at a name, and a learner's daemon that must not outlive their server.
+    t = time.monotonic()
+    host.use_token()
+    room["past_the_places"] = sign_up_past_the_places(base, host, env["WORKSHOP_CODE"])
+    with ThreadPoolExecutor(2) as pool:
+        sign_ins = pool.submit(spoof_and_lock_out, base, browsers, int(env["WORKSHOP_HUB_PORT"]))
+        room["after_stop"] = stop_and_look(room, browsers[6])
+        room["sign_ins"] = sign_ins.result()
+    timings["sign-ups, sign-ins, a stop"] = time.monotonic() - t
 
     # Learner 1's idle kernel goes within the culler's timeout and interval.
     t = time.monotonic()
@@ -377,10 +439,100 @@ def play(room: dict) -> None:
     print("workshop timings (s):", {k: round(v, 1) for k, v in timings.items()})
 
 
+def sign_up_past_the_places(base: str, host: Browser, code: str) -> dict:
+    """With every place taken (ten learners and the guessed one), one learner signs up three
+    more names at once; one of them tries to sign in; the host adds it; it tries to spawn."""
+    extra = [Browser(base, name) for name in EXTRA]
+    with ThreadPoolExecutor(len(extra)) as pool:
+        replies = list(pool.map(lambda b: b.sign_up(f"pw-{b.name}", code), extra))
+    seen = {"sign_ups": [(r.status_code, r.text) for r in replies]}
+    early = extra[0].sign_in(f"pw-{EXTRA[0]}")
+    seen["early sign-in"] = (early.status_code, early.text)
+    seen["accounts"] = [accounts.system_account_exists(name) for name in EXTRA]
+    seen["hub users"] = [host.http.get(f"{base}/hub/api/users/{name}", timeout=30).status_code
+                         for name in EXTRA]
+    seen["host adds"] = host.http.post(f"{base}/hub/api/users/{EXTRA[0]}", timeout=60).status_code
+    let_in = Browser(base, EXTRA[0])
+    seen["let in"] = let_in.sign_in(f"pw-{EXTRA[0]}").status_code
+    let_in.use_token()
+    spawn = let_in.http.post(f"{base}/hub/api/users/{EXTRA[0]}/server", timeout=60)
+    seen["spawn"] = (spawn.status_code, spawn.text)
+    return seen
+
+
+def spoof_and_lock_out(base: str, browsers: list[Browser], hub_port: int) -> dict:
+    """Three attacks on the sign-in lock. A machine at SPOOFER sends wrong sign-ins that claim
+    (X-Real-Ip) to come from ELSEWHERE, where a learner then signs in; then more, each claiming
+    an address of its own. Learner 9's kernel sends wrong sign-ins to the hub's own port, past
+    the proxy, each with an X-Forwarded-For of its own. A classmate (same address as everyone)
+    guesses learner 4's password six times, waiting out each lock; learner 4 then signs in from
+    their own browser."""
+    seen = {}
+    b9 = browsers[9]
+    seen["past the proxy"] = json.loads(b9.execute(b9.start_kernel(), PAST_THE_PROXY % hub_port,
+                                                   timeout=120)["stdout"].strip().splitlines()[-1])
+    spoofer = lambda n: Browser(base, f"w{RUN}nobody{n}", address=SPOOFER)  # noqa: E731
+    seen["claiming elsewhere"] = [spoofer(n).sign_in("wrong", headers={"X-Real-Ip": ELSEWHERE})
+                                  .status_code for n in range(21)]
+    seen["elsewhere"] = Browser(base, learner(7), address=ELSEWHERE).sign_in(f"pw-{learner(7)}").status_code
+    seen["fresh claims"] = []
+    for n in range(21, 26):                            # each claims an address never seen before
+        status = spoofer(n).sign_in("wrong", headers={"X-Real-Ip": f"10.9.{n}.1"}).status_code
+        seen["fresh claims"].append(status)
+        if status == 429:
+            break
+    classmate, failures, seen["guesses"] = Browser(base, learner(4)), 0, []
+    while failures < 6:                                # 3 free, then locks of 1, 2 and 4 s
+        reply = classmate.sign_in(f"guess-{failures}")
+        seen["guesses"].append(reply.status_code)
+        if reply.status_code == 429:
+            time.sleep(float(re.search(r"wait (\d+) s", reply.text).group(1)))
+        else:
+            failures += 1
+    owner = Browser(base, learner(4))                  # the browser they signed up in, signed out
+    for cookie in browsers[4].signed_in.cookies:
+        if cookie.name.startswith("gpulab-known-"):
+            owner.http.cookies.set_cookie(cookie)
+    seen["owner"] = owner.sign_in(f"pw-{learner(4)}").status_code
+    seen["classmate, right password"] = classmate.sign_in(f"pw-{learner(4)}").status_code
+    return seen
+
+
+def stop_and_look(room: dict, b: Browser) -> dict:
+    """A learner starts a daemon in a session of its own, then their server ends by itself (as
+    File > Shut Down ends it) and they press Stop My Server: what is left of them?"""
+    base, uid = room["base"], pwd.getpwnam(b.name).pw_uid
+    seen = {"daemon": b.execute(b.start_kernel(), DAEMON)}
+    seen["running before"] = len(processes_of(uid))
+    seen["shutdown"] = b.api("POST", "shutdown").status_code
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if b.api("GET", "status").status_code != 200:
+                break
+        except requests.RequestException:
+            break
+        time.sleep(0.5)
+    seen["stop"] = b.http.delete(f"{base}/hub/api/users/{b.name}/server", timeout=120).status_code
+    while time.monotonic() < deadline and b.http.get(f"{base}/hub/api/users/{b.name}",
+                                                     timeout=30).json()["servers"]:
+        time.sleep(0.5)
+    time.sleep(0.5)
+    seen["left"] = processes_of(uid)
+    applier = walls.detect(GROUP)[0]
+    seen["cgroups left"] = [str(applier.folder(c, b.name)) for c in applier.controllers
+                            if applier.folder(c, b.name).exists()]
+    return seen
+
+
+def processes_of(uid: int) -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and accounts._owner(p) == uid]
+
+
 def guess_passwords(base: str, code: str) -> dict:
     """Someone signs up, then someone else guesses their password; a name the system uses."""
-    seen = {"sign_up": Browser(base, "wsguessed").sign_up("right-password", code).status_code}
-    guesser = Browser(base, "wsguessed")
+    seen = {"sign_up": Browser(base, GUESSED).sign_up("right-password", code).status_code}
+    guesser = Browser(base, GUESSED)
     seen["guesses"] = [guesser.sign_in(f"guess-{n}").status_code for n in range(4)]  # 3 free
     locked = guesser.sign_in("right-password")            # locked, even with the right one
     seen["locked"] = (locked.status_code, locked.text)
@@ -400,6 +552,7 @@ def guess_passwords(base: str, code: str) -> dict:
 # What happened
 
 
+@pytest.mark.needs_root
 def test_learners_sign_up_with_the_code_and_their_servers_spawn(room):
     assert len(room["browsers"]) == N_LEARNERS
     assert all(status == 200 for status in room["servers_after"].values()), room["servers_after"]
@@ -407,6 +560,7 @@ def test_learners_sign_up_with_the_code_and_their_servers_spawn(room):
     assert room["taken_name"] == 403, "a claimed name must need its owner's password"
 
 
+@pytest.mark.needs_root
 def test_each_learner_gets_the_planned_gpu_memory_cap_and_threads(room):
     seen = room["seen"]
     per_device = {d: sum(s["CUDA_VISIBLE_DEVICES"] == d for s in seen.values()) for d in DEVICES}
@@ -418,6 +572,7 @@ def test_each_learner_gets_the_planned_gpu_memory_cap_and_threads(room):
         assert s["omp"] == str(max(1, os.cpu_count() // N_LEARNERS)), (name, s)
 
 
+@pytest.mark.needs_root
 def test_learners_run_as_their_own_account_and_cannot_read_each_other(room):
     for name, s in room["seen"].items():
         assert s["user"] == name and s["home"] == pwd.getpwnam(name).pw_dir
@@ -426,22 +581,26 @@ def test_learners_run_as_their_own_account_and_cannot_read_each_other(room):
         assert os.stat(s["home"]).st_mode & 0o777 == 0o700
 
 
+@pytest.mark.needs_root
 def test_gpulab_queues_the_cap_without_starting_cuda(room):
     s = room["seen"][learner(2)]
     assert s["cap_queued"] and s["applied_fraction"] == pytest.approx(0.212)
     assert s["cuda_initialised"] is False
 
 
+@pytest.mark.needs_root
 def test_a_dead_kernel_leaves_the_other_learners_working(room):
     assert room["death"]["died"], room["death"]
     # Everyone's probe ran after learner 0's kernel died, learner 0's in the restarted kernel.
     assert set(room["seen"]) == {learner(i) for i in range(N_LEARNERS)}
 
 
+@pytest.mark.needs_root
 def test_an_idle_kernel_is_culled(room):
     assert not room["idle_kernel_left"], f"kernel still there after {4 * KERNEL_IDLE_S} s"
 
 
+@pytest.mark.needs_root
 def test_the_progress_page_shows_each_learners_answered_quizzes(room):
     status, page = room["progress"]
     assert status == 200, page[:500]
@@ -462,6 +621,7 @@ def output(result: dict) -> dict:
     return json.loads(result["stdout"].strip().splitlines()[-1])
 
 
+@pytest.mark.needs_root
 def test_a_memory_hog_is_stopped_while_a_classmate_keeps_working_and_the_hub_answers(room):
     hog = room["attacks"]["hog 3"]
     assert hog["died"] or "MemoryError" in hog.get("error", ""), hog
@@ -474,12 +634,14 @@ def test_a_memory_hog_is_stopped_while_a_classmate_keeps_working_and_the_hub_ans
                      room["after_hog"]["stdout"]), room["after_hog"]
 
 
+@pytest.mark.needs_root
 def test_a_process_storm_stops_at_the_tasks_limit_while_a_classmate_starts_a_kernel(room):
     storm = output(room["attacks"]["storm 5"])
     assert storm["failed"] == "EAGAIN" and 0 < storm["started"] < TASKS, storm
     assert room["attacks"]["new kernel 6"]["stdout"].strip() == "42"
 
 
+@pytest.mark.needs_root
 def test_scratch_is_private_capped_and_counted_in_the_learners_memory(room):
     look = output(room["attacks"]["look 9"])
     me = learner(9)
@@ -492,11 +654,13 @@ def test_scratch_is_private_capped_and_counted_in_the_learners_memory(room):
     assert shm["grew"] >= shm["written"] * 0.9, "tmpfs pages count in the learner's memory"
 
 
+@pytest.mark.needs_root
 def test_a_planted_torch_compile_cache_has_no_effect(room):
     found = output(room["attacks"]["inductor 2"])
     assert found["cache"] == f"/tmp/torchinductor_{learner(2)}" and found["planted"] is False
 
 
+@pytest.mark.needs_root
 def test_a_learner_can_open_their_own_gpu_only(room):
     opened = output(room["attacks"]["nodes 8"])
     own = room["nodes"][room["seen"][learner(8)]["CUDA_VISIBLE_DEVICES"]]
@@ -506,15 +670,19 @@ def test_a_learner_can_open_their_own_gpu_only(room):
         assert opened[str(node)] == expected, (name, opened)
 
 
+@pytest.mark.needs_root
 def test_learners_cannot_read_the_solutions_or_the_keys(room):
     look = output(room["attacks"]["look 9"])
-    assert [look[p] for p in room["private"]] == ["denied"] * 3, look
+    assert {look[p] for p in room["private"]} <= {"denied", "absent"}, look
     import check
     lines, walled = check.walls_lines(plan.settings_from_env({"WORKSHOP_DEVICES": "none"}), GROUP)
     assert walled and "walls                 cgroup v1" in lines[0], lines
-    assert "instructor folders    closed to learner accounts" in lines[2], lines
+    assert any("instructor folders    closed to learner accounts" in line for line in lines), lines
+    assert any(re.match(r"  disk per learner +[\d.]+ GiB home, a disk of its own", line)
+               for line in lines), lines
 
 
+@pytest.mark.needs_root
 def test_failed_sign_ins_lock_the_name_for_a_growing_while(room):
     seen = room["attacks"]["guesser"]
     assert seen["sign_up"] == 302 and seen["guesses"] == [403] * 4, seen
@@ -524,6 +692,69 @@ def test_failed_sign_ins_lock_the_name_for_a_growing_while(room):
     assert seen["right after"] == 302, "the right password works again after the lock"
 
 
+@pytest.mark.needs_root
+def test_a_made_up_x_real_ip_neither_locks_others_out_nor_escapes_the_limit(room):
+    """The lock counts the address the hub's proxy saw: 21 failures claiming to come from
+    ELSEWHERE lock SPOOFER, not ELSEWHERE; a fresh claim each time escapes nothing, nor does a
+    learner's X-Forwarded-For sent to the hub's own port past the proxy."""
+    seen = room["sign_ins"]
+    assert seen["past the proxy"] == [403] * 21 + [429], seen["past the proxy"]
+    proxy_errors = [line for line in room["log"].read_text().splitlines() if "ConfigProxy" in line
+                    and "/hub/login" in line]
+    assert seen["claiming elsewhere"] == [403] * 21, (seen, proxy_errors)
+    assert seen["elsewhere"] == 302, "a learner at the claimed address was locked out"
+    assert seen["fresh claims"][-1] == 429 and len(seen["fresh claims"]) <= 2, seen
+
+
+@pytest.mark.needs_root
+def test_a_classmate_cannot_lock_a_learner_out(room):
+    """Six guesses at learner 4's name, from the room's one address, lock the name for every
+    browser it has not signed in from; its owner's own browser signs in at once."""
+    seen = room["sign_ins"]
+    assert seen["guesses"].count(403) == 6 and 429 in seen["guesses"], seen
+    assert seen["owner"] == 302, "the owner's right password was refused"
+    assert seen["classmate, right password"] == 429, "the name stays locked to the guesser"
+
+
+@pytest.mark.needs_root
+def test_sign_ups_past_the_rooms_places_wait_for_the_host(room):
+    seen = room["past_the_places"]
+    for status, text in seen["sign_ups"]:
+        assert status == 403 and "The room is full (11 places)" in text, (status, text[:300])
+    assert seen["early sign-in"][0] == 403 and "waits for the host" in seen["early sign-in"][1]
+    assert seen["accounts"] == [False] * 3 and seen["hub users"] == [404] * 3, seen
+    saved = json.loads((room["tmp"] / "state" / "learners.json").read_text())
+    assert len(saved) == 12 and EXTRA[0] in saved and not set(EXTRA[1:]) & set(saved)
+    assert seen["host adds"] == 201 and seen["let in"] == 302, seen
+    # The plan's ten servers run: an eleventh waits (JupyterHub's active_server_limit).
+    assert seen["spawn"][0] == 429 and "limit" in seen["spawn"][1].lower(), seen["spawn"]
+
+
+@pytest.mark.needs_root
+def test_a_stopped_learner_leaves_nothing_running(room):
+    seen = room["after_stop"]
+    assert seen["daemon"]["stdout"].strip() == "started" and seen["running before"] >= 3, seen
+    assert seen["shutdown"] in (200, 202, 204) and seen["stop"] in (202, 204), seen
+    assert seen["left"] == [], f"{learner(6)}'s processes outlived their server: {seen['left']}"
+    assert seen["cgroups left"] == [], seen
+
+
+@pytest.mark.needs_root
+def test_a_learners_home_is_a_disk_of_its_own(room):
+    """Writing twice the disk's size stops at it (ENOSPC) in the learner's own home; on a machine
+    that cannot give homes a disk (no loop devices), the banner says so instead."""
+    import homes
+    filled = output(room["attacks"]["shm 7"]["home"])
+    if homes.why_not(room["tmp"] / "homes") is not None:       # the stated fallback
+        assert "disk       NO CAP (" in room["log"].read_text() and filled["failed"] is None
+        return
+    assert filled["failed"] == "ENOSPC" and DISK // 2 < filled["written"] <= DISK, filled
+    assert filled["size"] <= DISK and filled["course"], filled
+    home = Path(room["home_7"])
+    assert os.path.ismount(home) and homes.size_bytes(home) == DISK
+
+
+@pytest.mark.needs_root
 def test_a_system_name_is_refused_before_anything_is_saved(room):
     seen = room["attacks"]["guesser"]
     saved = json.loads((room["tmp"] / "state" / "learners.json").read_text())
@@ -533,12 +764,14 @@ def test_a_system_name_is_refused_before_anything_is_saved(room):
         assert name not in saved and not accounts.is_learner_account(name, GROUP)
 
 
+@pytest.mark.needs_root
 def test_the_host_lands_on_the_admin_page_without_a_server(room):
     reply = room["host_sign_in"]
     assert reply.status_code == 302 and reply.headers["Location"].endswith("/hub/admin")
     assert room["host_servers"] == {}
 
 
+@pytest.mark.needs_root
 def test_the_progress_page_answers_through_fifos_symlinks_and_huge_files(room):
     assert room["attacks"]["nodes 8"]["traps"]["stdout"].strip() == "set"
     status, page = room["progress"]
@@ -549,6 +782,7 @@ def test_the_progress_page_answers_through_fifos_symlinks_and_huge_files(room):
     assert room["progress_s"] < 10, "a learner's folder held the page"
 
 
+@pytest.mark.needs_root
 def test_the_first_minutes_in_chromium(room):
     """A learner signs in and lands on "start here" without a news prompt or an empty menu, and
     runs the doctor in a terminal; the host lands on the Admin page, and the progress page links
@@ -558,6 +792,9 @@ def test_the_first_minutes_in_chromium(room):
     base, b0 = room["base"], room["browsers"][0]
     with browser.chromium() as chromium:
         page = chromium.new_page(viewport=browser.VIEWPORT)
+        missing, errors = [], []
+        page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.goto(f"{base}/hub/login")
         page.click("#signup-link a")
         page.wait_for_url("**/hub/signup")
@@ -585,6 +822,8 @@ def test_the_first_minutes_in_chromium(room):
             report = reply.json()["content"] if reply.ok else None
             time.sleep(1)
         assert report and "Verdict: " in report and "workshop memory" in report, report
+        assert not [url for url in missing if "/user/" in url], missing     # lsp/status was one
+        assert not [e for e in errors if "lsp" in e.lower() or "plugin" in e.lower()], errors
 
         host = chromium.new_page(viewport=browser.VIEWPORT)
         host.goto(f"{base}/hub/login")
@@ -599,6 +838,7 @@ def test_the_first_minutes_in_chromium(room):
         assert width <= browser.VIEWPORT["width"], f"the progress page is {width} px wide"
 
 
+@pytest.mark.needs_root
 def test_the_banner_gives_the_room_an_address_it_can_reach(room):
     banner = re.search(r"open\s+http://([^:/]+):(\d+)/(.*)", room["log"].read_text())
     assert banner and banner.group(1) == "127.0.0.1" and "only this machine" in banner.group(3)
@@ -616,10 +856,12 @@ def test_the_banner_gives_the_room_an_address_it_can_reach(room):
 # (In the room fixture's hub; placed before the test that stops it.)
 
 CAPSTONE = "12_capstone"
-BOARD_LEARNERS = {learner(4): "micro_batch=6 accumulation=4 workers=3",    # hides the loading
-                  learner(6): "micro_batch=6 accumulation=4",              # waits for every batch
-                  learner(7): "micro_batch=24 accumulation=1"}             # the naive run: over
-FORGER = learner(9)
+# Learners whose servers and sign-ins the rest of the room leaves alone (6's server is stopped,
+# 4's name is locked by a guesser, 9 probes the hub's port).
+FAST, SLOW, OVER, FORGER = learner(2), learner(5), learner(8), learner(0)
+BOARD_LEARNERS = {FAST: "micro_batch=6 accumulation=4 workers=3",          # hides the loading
+                  SLOW: "micro_batch=6 accumulation=4",                    # waits for every batch
+                  OVER: "micro_batch=24 accumulation=1"}                   # the naive run: over
 CAPSTONE_RUN = """
 import json, os
 from gpulab.capstone import budget, plan, results, run
@@ -655,6 +897,7 @@ def board_order(page) -> list[tuple[str, str, str]]:
             for row in page.locator("#board tr[id^=board-]").all()]
 
 
+@pytest.mark.needs_root
 def test_the_room_board_ranks_runs_by_its_own_measurement_in_chromium(room):
     """Three learners run in their kernels (walls and all); a fourth forges a result file (a
     slow plan claimed 99x, a script in a field, a plan that is markup). In Chromium the host's
@@ -675,11 +918,11 @@ def test_the_room_board_ranks_runs_by_its_own_measurement_in_chromium(room):
     with ThreadPoolExecutor(len(BOARD_LEARNERS)) as pool:
         ran = dict(zip(BOARD_LEARNERS, pool.map(capstone_run, BOARD_LEARNERS)))
     forger = browsers[FORGER]
-    forged = forger.execute(forger.start_kernel(), FORGERY % forged_line(BOARD_LEARNERS[learner(6)]))
+    forged = forger.execute(forger.start_kernel(), FORGERY % forged_line(BOARD_LEARNERS[SLOW]))
     assert forged["stdout"].strip() == "forged", forged
     print(f"capstone runs in three kernels: {time.monotonic() - t:.0f} s", ran)
-    assert ran[learner(4)]["in_budget"] and ran[learner(6)]["in_budget"]
-    assert not ran[learner(7)]["in_budget"] and ran[learner(7)]["speedup"] is None
+    assert ran[FAST]["in_budget"] and ran[SLOW]["in_budget"]
+    assert not ran[OVER]["in_budget"] and ran[OVER]["speedup"] is None
 
     with browser.chromium() as chromium:
         host = chromium.new_page(viewport=browser.VIEWPORT)
@@ -701,12 +944,12 @@ def test_the_room_board_ranks_runs_by_its_own_measurement_in_chromium(room):
         print(f"board measured in {time.monotonic() - t:.0f} s since the runs began:", order)
         names = [name for name, _, _ in order]
         verdicts = dict((name, verdict) for name, _, verdict in order)
-        assert names[0] == learner(4) and verdicts[learner(4)] == "within both budgets", order
-        assert dict((n, r) for n, r, _ in order)[learner(4)] == "1"
-        assert verdicts[learner(7)] == "over budget", order
-        assert names.index(learner(7)) > names.index(FORGER) > 0, order      # not lifted
+        assert names[0] == FAST and verdicts[FAST] == "within both budgets", order
+        assert dict((n, r) for n, r, _ in order)[FAST] == "1"
+        assert verdicts[OVER] == "over budget", order
+        assert names.index(OVER) > names.index(FORGER) > 0, order            # not lifted
         forger_row = host.locator(f"#board-{FORGER}")
-        slow_row = host.locator(f"#board-{learner(6)}")
+        slow_row = host.locator(f"#board-{SLOW}")
         assert forger_row.locator("td").nth(2).inner_text() == slow_row.locator("td").nth(2).inner_text()
         assert "99.00" in forger_row.inner_text() and "refused" in forger_row.inner_text()
         page_html = host.content()
@@ -716,8 +959,8 @@ def test_the_room_board_ranks_runs_by_its_own_measurement_in_chromium(room):
 
         me = chromium.new_page(viewport=browser.VIEWPORT)
         me.goto(f"{base}/hub/login?next=/services/progress/board")
-        me.fill("#username_input", learner(4))
-        me.fill("#password_input", f"pw-{learner(4)}")
+        me.fill("#username_input", FAST)
+        me.fill("#password_input", f"pw-{FAST}")
         me.click("#login_submit")
         me.wait_for_selector("#board", timeout=60_000)
         assert [name for name, _, _ in board_order(me)] == names
@@ -727,7 +970,7 @@ def test_the_room_board_ranks_runs_by_its_own_measurement_in_chromium(room):
 def test_the_board_trusts_a_result_file_for_a_plan_only(tmp_path):
     """The pure parts, without a hub: what each learner's folder holds, read as root would."""
     from gpulab.capstone import budget, results
-    good, slow = BOARD_LEARNERS[learner(4)], BOARD_LEARNERS[learner(6)]
+    good, slow = BOARD_LEARNERS[FAST], BOARD_LEARNERS[SLOW]
 
     def home(name: str, lines: list[str] | None = None) -> Path:
         folder = tmp_path / name / "course" / CAPSTONE
@@ -794,11 +1037,12 @@ def plan_text(text: str) -> str:
     return Plan.parse(text).text()
 
 
+@pytest.mark.needs_root
 def test_stopping_removes_every_process_account_and_file(room):
     names = [learner(i) for i in range(N_LEARNERS)]
     uids = {pwd.getpwnam(n).pw_uid for n in names}
     stop_hub(room)
-    assert set(room["removed"]) == set(names) | {room["env"]["WORKSHOP_ADMIN"], "wsguessed"}
+    assert set(room["removed"]) == set(names) | {HOST, GUESSED, EXTRA[0]}
     assert room["walls_left"] == [], "the hub removes the learners' cgroups when it stops"
     for n in names:
         with pytest.raises(KeyError):
@@ -838,6 +1082,29 @@ def test_memory_fraction_and_threads_per_learner():
     s = plan.settings_from_env(env, cores=16)
     assert (s.devices, s.memory_fraction, s.threads) == (("GPU-x", "GPU-y"), 0.17, 1)
     assert plan.learner_env(s, None)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_make_workshop_refuses_devices_this_machine_cannot_map(tmp_path):
+    """Before anything is created, not a bare 500 at every spawn: a UUID the driver does not
+    know (the modelled NVML), and a GPU named on a machine without NVML (this one's own)."""
+    import subprocess
+    base = {**os.environ, "WORKSHOP_STATE": str(tmp_path), "WORKSHOP_GROUP": GROUP,
+            "WORKSHOP_PORT": "1", "WORKSHOP_LEARNERS": "2", "WORKSHOP_MEMORY": "1G",
+            "WORKSHOP_DISK": "1G"}
+    runs = {"unknown UUID": {"WORKSHOP_DEVICES": f"{DEVICES[0]},GPU-0000dead-beef",
+                             "MODELLED_NVML": json.dumps(MACHINE),
+                             "PYTHONPATH": str(ROOT / "tests" / "modelled_nvml")},
+            "no NVML": {"WORKSHOP_DEVICES": DEVICES[0]}}
+    for why, settings in runs.items():
+        done = subprocess.run([sys.executable, str(WORKSHOP / "run.py")], env={**base, **settings},
+                              capture_output=True, text=True, timeout=60)
+        said = done.stdout + done.stderr
+        assert done.returncode != 0 and "cannot map" in said, (why, said[-2000:])
+        refused = DEVICES[0] if why == "no NVML" else "GPU-0000dead-beef"
+        assert f"  {refused} (" in said and "WORKSHOP_DEVICES=none" in said, (why, said[-2000:])
+        assert "GPU Training Lab workshop, planned" not in said and not list(tmp_path.iterdir())
+        if why == "unknown UUID":                      # the one the driver knows passes
+            assert f"  {DEVICES[0]} (" not in said, said[-2000:]
 
 
 def test_gpu_share_reads_the_cap_and_tells_the_doctor():
@@ -896,6 +1163,24 @@ def test_workshop_check_counts_the_learners_that_fit(tmp_path):
     assert "MIG-x: its device nodes cannot be found" in gone and "could not start" in gone
 
 
+def test_workshop_check_warns_when_a_chapter_needs_more_than_the_plan_gives(tmp_path):
+    import check
+    needs = tmp_path / "needs.json"
+    needs.write_text(json.dumps({"date": "2026-12-03", "machine": "2 cores", "chapters": {
+        "01_a": {"peak_memory_bytes": 400 * 2**20, "peak_tasks": 20},
+        "07_b": {"peak_memory_bytes": 600 * 2**20, "peak_tasks": 300}}}))
+    tight = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_MEMORY": "723M",
+                                    "WORKSHOP_DISK": "1G"})
+    text = "\n".join(check.needs_lines(tight, needs))
+    assert "largest 0.6 GiB (07_b" in text and "the peak of 07_b: past it" in text, text
+    assert "512 is below 2 x the peak of 07_b" in text and "01_a" not in text.split("largest")[1].split("\n", 1)[1]
+    roomy = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_MEMORY": "2G",
+                                    "WORKSHOP_TASKS": "1024", "WORKSHOP_DISK": "1G"})
+    assert "hold every chapter" in "\n".join(check.needs_lines(roomy, needs))
+    # The committed figures (make bench) are read as they are.
+    assert check.needs_lines(roomy)[0].startswith("  chapter needs         largest ")
+
+
 def test_each_learners_limits_follow_the_machine_and_the_host(monkeypatch):
     s = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_LEARNERS": "30"},
                                cores=16, ram=512 * 2**30)
@@ -907,6 +1192,14 @@ def test_each_learners_limits_follow_the_machine_and_the_host(monkeypatch):
     assert (s.memory_bytes, s.tasks, s.scratch_bytes, s.walls) == (768 * 2**20, 64, 3 * 2**29, False)
     assert plan.learner_limits(s, "MIG-x") == plan.Limits(768 * 2**20, 100, 64, 3 * 2**29, "MIG-x")
     assert plan.memory_per_learner(24 * 2**30, 30) == 737 * 2**20      # 2.4 GiB kept for the hub
+    s = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_LEARNERS": "30"},
+                               ram=24 * 2**30, disk_free=70 * 2**30)
+    assert (s.disk_bytes, s.signups) == (2150 * 2**20, 30)          # 2.1 GiB each, 30 places
+    s = plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_DISK": "10G",
+                                "WORKSHOP_SIGNUPS": "0"}, ram=24 * 2**30)
+    assert (s.disk_bytes, s.signups) == (10 * 2**30, 0)              # every sign-up waits
+    with pytest.raises(ValueError, match="of disk per learner is too little"):
+        plan.settings_from_env({"WORKSHOP_DEVICES": "none"}, ram=24 * 2**30, disk_free=2**30)
     with pytest.raises(ValueError, match="too little"):
         plan.settings_from_env({"WORKSHOP_DEVICES": "none", "WORKSHOP_LEARNERS": "100"}, ram=16 * 2**30)
     with pytest.raises(ValueError, match="size such as"):
@@ -1008,6 +1301,7 @@ def proc_with(tmp_path: Path, cgroup: str) -> Path:
     return proc
 
 
+@pytest.mark.needs_root
 def test_detect_says_which_applier_a_host_gets(tmp_path, monkeypatch):
     (tmp_path / "run" / "systemd" / "system").mkdir(parents=True)
     monkeypatch.setattr(walls.shutil, "which", lambda name: f"/usr/bin/{name}")
@@ -1061,6 +1355,7 @@ def test_progress_reads_only_regular_files_of_the_learner(tmp_path):
     assert progress.learner_progress(tmp_path, budget_s=0)["complete"] is False
 
 
+@pytest.mark.needs_root
 def test_the_instructors_folders_close_to_learners(tmp_path):
     import tempfile
     checkout = Path(tempfile.mkdtemp(prefix="gpulab-checkout-"))    # under /tmp, open to nobody

@@ -11,6 +11,9 @@ import pwd
 import signal
 import subprocess
 import time
+from pathlib import Path
+
+import homes
 
 GROUP = "gpulab-learners"   # every workshop account is in it (hub.WorkshopAuthenticator)
 
@@ -41,7 +44,8 @@ def system_name_taken(name: str) -> bool:
 
 
 def remove_learners(group: str = GROUP, log=print) -> list[str]:
-    """Delete every account in ``group`` with its home and processes, then the group."""
+    """Delete every account in ``group`` with its home (and its disk) and processes, then the
+    group."""
     try:
         names = list(grp.getgrnam(group).gr_mem)
     except KeyError:
@@ -58,6 +62,7 @@ def remove_learners(group: str = GROUP, log=print) -> list[str]:
                 except ProcessLookupError:
                     pass
             time.sleep(0.1)
+        homes.remove(Path(pwd.getpwnam(name).pw_dir))      # its disk, where it has one
         subprocess.run(["userdel", "--remove", name], check=True, capture_output=True)
         log(f"removed account {name} and its home")
     subprocess.run(["groupdel", group], check=True, capture_output=True)

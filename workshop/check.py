@@ -21,6 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+import homes  # noqa: E402
 import plan  # noqa: E402
 import walls  # noqa: E402
 
@@ -54,6 +55,49 @@ def measured_footprint(reports: Path = ROOT / "reports") -> tuple[int, str]:
     return plan.LEARNER_FOOTPRINT_BYTES, ("the course's budget per learner (every solution "
                                           "notebook is designed to peak under it; no gpu-check "
                                           "report measured it on this GPU yet)")
+
+
+# A learner's wall must hold a chapter's peak (RSS and tmpfs, their server's included) and some
+# code pages their kernel keeps touching. In a 723 MiB wall (2 cores, 2026-12-03, make bench):
+# chapters peaking at 494-576 MiB (up to 1/1.26 of it) ran within 25% of their time outside;
+# chapter 05 (764 MiB) was stopped; chapter 07 at 590 MiB (1/1.23) with torch's pages counted in
+# the learner's memory took 2.7 times as long, at 678 MiB (1/1.07) it thrashed and never ended.
+MEMORY_HEADROOM = 1.25
+TASKS_HEADROOM = 2.0          # a chapter's peak tasks, twice: DataLoader workers, a terminal
+NEEDS = HERE / "chapter_needs.json"
+
+
+def needs_lines(settings: plan.Settings, needs: Path = NEEDS) -> list[str]:
+    """Each chapter the plan's walls are too small for, by the needs `make bench` measured inside
+    one learner's walls (workshop/chapter_needs.json), or one line saying they all fit."""
+    try:
+        measured = json.loads(needs.read_text())
+    except (OSError, ValueError):
+        return [f"  chapter needs         not measured ({needs.name} missing): sudo make bench"]
+    chapters = measured["chapters"]
+    memory = {c: n["peak_memory_bytes"] for c, n in chapters.items()}
+    tasks = {c: n["peak_tasks"] for c, n in chapters.items()}
+    short = [c for c, m in memory.items() if m * MEMORY_HEADROOM > settings.memory_bytes]
+    few = [c for c, t in tasks.items() if t * TASKS_HEADROOM > settings.tasks]
+    where = f"measured {measured['date']} on {measured['machine']}, {needs.name}"
+    largest = max(memory, key=memory.get)
+    lines = [f"  chapter needs         largest {gib(memory[largest])} ({largest}, server included) "
+             f"and {max(tasks.values())} tasks ({where})"]
+    if short:
+        lines.append(f"  ! memory per learner  {gib(settings.memory_bytes)} is below {MEMORY_HEADROOM:g} x "
+                     f"the peak of {', '.join(short)}: past it a chapter slows several-fold as its "
+                     "code is read from disk again and again, or its kernel is stopped. Plan "
+                     "fewer learners or give WORKSHOP_MEMORY.")
+    if few:
+        lines.append(f"  ! tasks per learner   {settings.tasks} is below {TASKS_HEADROOM:g} x the peak "
+                     f"of {', '.join(few)}: raise WORKSHOP_TASKS.")
+    if not short and not few:
+        lines.append(f"  the plan's walls      hold every chapter ({MEMORY_HEADROOM:g} x its memory, "
+                     f"{TASKS_HEADROOM:g} x its tasks)")
+    if not measured.get("gpu"):
+        lines.append("  (measured on a CPU: on a GPU each kernel's CUDA runtime adds some hundreds "
+                     "of MiB of host memory; `make gpu-check` measures the GPU side)")
+    return lines
 
 
 def fit_lines(devices: list[plan.Device], chosen: tuple[str, ...], settings: plan.Settings,
@@ -108,6 +152,12 @@ def walls_lines(settings: plan.Settings, group: str, root: Path = ROOT) -> tuple
                  f"/tmp, /var/tmp, /dev/shm files included), {settings.tasks} tasks, CPU weight "
                  f"{plan.CPU_WEIGHT} (the same for all), scratch {gib(settings.scratch_bytes)} "
                  "each; their own GPU or MIG slice only")
+    home_root = Path(os.environ.get("WORKSHOP_HOMES", "/home"))
+    no_disk = homes.why_not(home_root)
+    lines.append(f"  disk per learner      {gib(settings.disk_bytes)} home, a disk of its own "
+                 "(an ext4 image, loop-mounted: ENOSPC past it)" if no_disk is None else
+                 f"  disk per learner      WARNING: NO CAP ({no_disk}): homes are plain folders of "
+                 f"{home_root}, and one learner can fill its disk for everyone")
     try:
         gid = grp.getgrnam(group).gr_gid
     except KeyError:
@@ -145,7 +195,8 @@ def main() -> int:
     print(f"  plan                  {settings.learners} learners on {len(settings.devices)} device(s)"
           + (f", memory cap {settings.memory_fraction:g} of the device each" if settings.devices else ""))
     lines, walled = walls_lines(settings, os.environ.get("WORKSHOP_GROUP", "gpulab-learners"))
-    print("\n".join(lines))
+    needs = needs_lines(settings)
+    print("\n".join(lines + needs))
     print("\n  devices (* = the workshop's, WORKSHOP_DEVICES or all by default):")
     lines, fits = fit_lines(devices, settings.devices, settings, footprint)
     print("\n".join(lines) if lines else "    none: the driver lists no GPU; learners run on the CPU")
@@ -155,11 +206,16 @@ def main() -> int:
         print("\n".join(node_lines(settings.devices, pynvml)))
     for model, layout in MIG_LAYOUTS.items():
         if any(model in d.name and d.parent is None for d in devices):
-            print(f"\n  MIG on {model}: {layout} isolates learners in hardware (README, 'Running a workshop').")
+            print(f"\n  MIG on {model}: {layout} isolates learners in hardware (docs/workshop.md).")
             break
     if not walled:
         print("\nVerdict: NO WALLS: this machine has neither systemd nor writable cgroups, so one "
               "learner could starve the room. Run it elsewhere, or accept it with WORKSHOP_WALLS=off.")
+        return 1
+    if any(line.startswith("  !") for line in needs):
+        print(f"\nVerdict: TOO LITTLE PER LEARNER: the walls of a room of {settings.learners} are "
+              "smaller than some chapters need (the ! lines). Plan fewer learners, or give "
+              "WORKSHOP_MEMORY / WORKSHOP_TASKS.")
         return 1
     if not settings.devices:
         print(f"\nVerdict: a CPU workshop for {settings.learners} learners; experiments shrink on the CPU.")

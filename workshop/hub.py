@@ -5,10 +5,15 @@ learner, and each learner's server started as that account inside their walls.
   workshop code the host gives the room and a password of their own choosing; later they sign
   in with that password alone. A name, once claimed, is theirs (a shared password alone would
   let anyone sign in as anyone); a name this machine already uses, as an account or a group, is
-  refused before anything is saved. Failed sign-ins lock the name, then the client address, for
-  a growing while (``SignInLockout``). The host signs in as the admin with the admin code and
-  lands on the Admin page. Each learner gets a system account in the group
-  ``gpulab-learners``, home folder mode 0700.
+  refused before anything is saved. Sign-ups past the room's places wait until the host adds
+  the name on the Admin page (``open_places``). Failed sign-ins from a browser the name has not
+  signed in from lock the name and the client address for a growing while
+  (``SignInLockout``); a browser the name signed in from before (a signed cookie, OWASP's
+  "device cookie") has a lock of its own, so a classmate's guesses never lock the owner out.
+  The client address is the one the hub's proxy saw (``client_address``). The host signs in as
+  the admin with the admin code and lands on the Admin page. Each learner gets a system account
+  in the group ``gpulab-learners``, home folder mode 0700, on a disk image of its own where the
+  machine allows (workshop/homes.py).
 - ``WorkshopSpawner``: LocalProcessSpawner that starts the server through start_learner.sh
   (cgroups joined, private scratch, the learner's identity, a private copy of the course) with
   the learner's walls (workshop/walls.py), GPU, memory cap and threads (workshop/plan.py).
@@ -20,6 +25,7 @@ import asyncio
 import hashlib
 import json
 import math
+import pwd
 import secrets
 import socket
 import stat
@@ -31,13 +37,14 @@ from pathlib import Path
 from jupyterhub.auth import Authenticator, LocalAuthenticator
 from jupyterhub.handlers.login import LoginHandler
 from jupyterhub.spawner import LocalProcessSpawner
-from jupyterhub.utils import url_path_join
+from jupyterhub.utils import maybe_future, url_path_join
 from tornado import web
-from traitlets import Unicode
+from traitlets import Integer, Unicode
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+import homes  # noqa: E402
 import plan  # noqa: E402
 import walls  # noqa: E402
 from accounts import GROUP, is_learner_account, system_name_taken  # noqa: E402,F401
@@ -45,6 +52,8 @@ from accounts import GROUP, is_learner_account, system_name_taken  # noqa: E402,
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{1,30}$"   # also a valid Linux account name
 NAME_RULES = ("2 to 31 characters: lower-case letters, digits, - and _, starting with a letter")
 MIN_PASSWORD = 6
+WAITING_MAX = 10        # sign-ups held for the host at most: past it the page says to ask the host
+KNOWN_BROWSER_DAYS = 30
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,6 +97,55 @@ class SignInLockout:
         self.locked_until.pop(key, None)
 
 
+def _proc_net_address(text: str) -> tuple[str, int]:
+    """ "0100007F:1F90" (IPv4) or 32 hex digits and a port (IPv6), as /proc/net/tcp{,6} write
+    them (each 32-bit word in the machine's byte order, little-endian here): (ip, port)."""
+    hex_ip, hex_port = text.split(":")
+    raw = bytes.fromhex(hex_ip)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+    return ip.removeprefix("::ffff:"), int(hex_port, 16)
+
+
+def socket_owner(peer: tuple, proc: Path = Path("/proc")) -> int | None:
+    """The uid owning the client end of a TCP connection that came from ``peer`` (ip, port), when
+    that end is on this machine (/proc/net/tcp and tcp6, column uid); None when it is not."""
+    wanted = (peer[0].removeprefix("::ffff:"), int(peer[1]))
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if _proc_net_address(fields[1]) == wanted:
+                return int(fields[7])
+    return None
+
+
+def client_address(request, proxies_in_front: int = 0, proc: Path = Path("/proc")) -> str:
+    """The address a sign-in came from, as the hub's own proxy saw it. The proxy
+    (configurable-http-proxy, run by root) appends the address of whoever connected to it to
+    X-Forwarded-For, after whatever the client wrote there; each reverse proxy the host puts in
+    front of it (``proxies_in_front``, e.g. an HTTPS nginx) appends one more. So the entry that
+    many places from the end is the first one no client wrote. X-Real-Ip, which tornado's
+    ``remote_ip`` prefers to them all, is the client's own word and is never read. A learner's
+    process may also talk to the hub's port on 127.0.0.1 directly, writing its own
+    X-Forwarded-For: a connection whose client end another account than root owns counts as
+    that account, whatever its headers say."""
+    peer = getattr(getattr(request.connection, "context", None), "address", None)
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        owner = socket_owner(peer, proc)
+        if owner not in (None, 0):
+            return f"uid {owner} on this machine"
+        if owner is None:                       # not the proxy, nor anyone on this machine
+            return peer[0].removeprefix("::ffff:")
+    hops = [hop.strip() for line in request.headers.get_list("X-Forwarded-For")
+            for hop in line.split(",") if hop.strip()]
+    address = hops[max(0, len(hops) - 1 - proxies_in_front)] if hops else request.remote_ip
+    return address.removeprefix("::ffff:")          # an IPv4 client of a dual-stack listener
+
+
 class SignUpHandler(LoginHandler):
     """/hub/signup: the sign-in form's handling (WorkshopCodeAuthenticator.authenticate) on a
     page that says it is the sign-up, with the name rules and the workshop code."""
@@ -113,40 +171,84 @@ class WorkshopCodeAuthenticator(Authenticator):
     admin_code = Unicode(config=True, help="The admin's password.")
     passwords_file = Unicode(config=True, help="Learners' password hashes (JSON, mode 0600).")
     group = Unicode(GROUP, config=True, help="Every workshop account is in this group.")
-    # Per name: 3 free tries, then 1 s, 2 s, 4 s ..., cleared by the right password. Per client
-    # address: 20 in 10 minutes, a room behind one NAT mistyping; never cleared by a success,
-    # or one learner's own account would reset a guesser's count.
+    open_places = Integer(30, config=True, help="How many learners may sign up with the code "
+                          "alone; later sign-ups wait until the host adds them (Admin page).")
+    proxies_in_front = Integer(0, config=True, help="Reverse proxies in front of the hub's own "
+                               "(client_address).")
+    # A browser the name has not signed in from: per name 3 free tries, then 1 s, 2 s, 4 s ...
+    # (up to 300 s), cleared by the right password; per client address 20 in 10 minutes (a room
+    # behind one NAT mistyping), never cleared by a success, or one learner's own account would
+    # reset a guesser's count. A browser the name signed in from before: a lock of its own,
+    # so that neither a classmate's guesses at the name nor a room sharing one address keep the
+    # owner out (OWASP, "Slow Down Online Guessing Attacks with Device Cookies").
     name_lockout = SignInLockout(free=3)
     address_lockout = SignInLockout(free=20, window_s=600)
+    browser_lockout = SignInLockout(free=3)
 
     def get_handlers(self, app):
         return super().get_handlers(app) + [("/signup", SignUpHandler)]
 
-    def _passwords(self) -> dict[str, str]:
-        path = Path(self.passwords_file)
+    def _read(self, suffix: str = "") -> dict[str, str]:
+        path = Path(self.passwords_file + suffix)
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def _save(self, passwords: dict[str, str]) -> None:
-        path = Path(self.passwords_file)
-        fresh = path.with_suffix(".tmp")
-        fresh.write_text(json.dumps(passwords, indent=1, sort_keys=True))
+    def _write(self, entries: dict[str, str], suffix: str = "") -> None:
+        path = Path(self.passwords_file + suffix)
+        fresh = path.with_name(path.name + ".tmp")
+        fresh.write_text(json.dumps(entries, indent=1, sort_keys=True))
         fresh.chmod(0o600)
         fresh.replace(path)
 
+    # Learners' password hashes by name ("": a place the host gave before they signed up), and
+    # the sign-ups waiting for the host (passwords_file + ".waiting").
+    def _passwords(self) -> dict[str, str]:
+        return self._read()
+
+    def _save(self, passwords: dict[str, str]) -> None:
+        self._write(passwords)
+
+    def _waiting(self) -> dict[str, str]:
+        return self._read(".waiting")
+
+    @staticmethod
+    def _browser_cookie(name: str) -> str:
+        return f"gpulab-known-{name}"
+
+    def _known_browser(self, handler, name: str) -> str | None:
+        """The id of this browser when ``name`` signed in from it before (its signed cookie)."""
+        if handler is None:
+            return None
+        value = handler.get_signed_cookie(self._browser_cookie(name), max_age_days=KNOWN_BROWSER_DAYS)
+        return value.decode() if value else None
+
+    def _remember_browser(self, handler, name: str, known: str | None) -> None:
+        if handler is not None and known is None:
+            handler.set_signed_cookie(self._browser_cookie(name), secrets.token_hex(16),
+                                      expires_days=KNOWN_BROWSER_DAYS, httponly=True,
+                                      path=handler.hub.base_url)
+
     async def authenticate(self, handler, data):
         name = self.normalize_username(data.get("username", "").strip())
-        address = handler.request.remote_ip if handler is not None else ""
-        wait = max(self.name_lockout.wait_s(f"name {name}"),
-                   self.address_lockout.wait_s(f"address {address}"))
+        known = self._known_browser(handler, name)
+        if known:
+            locks = [(self.browser_lockout, f"browser {name} {known}")]
+        else:
+            address = client_address(handler.request, self.proxies_in_front) if handler else ""
+            locks = [(self.address_lockout, f"address {address}")]
+            if name not in self.admin_users:   # the admin code (32+ characters) is not guessed
+                locks.append((self.name_lockout, f"name {name}"))
+        wait = max(lock.wait_s(key) for lock, key in locks)
         if wait > 0:
             raise web.HTTPError(429, f"Too many failed sign-ins: wait {math.ceil(wait)} s, then "
                                      "try again. Forgot your password? Ask the host.")
         signed_in = await self._check(name, data)
-        if signed_in is None:
-            self.name_lockout.failed(f"name {name}")
-            self.address_lockout.failed(f"address {address}")
-        else:
-            self.name_lockout.succeeded(f"name {name}")
+        for lock, key in locks:
+            if signed_in is None:
+                lock.failed(key)
+            elif lock is not self.address_lockout:
+                lock.succeeded(key)
+        if signed_in is not None:
+            self._remember_browser(handler, name, known)
         return signed_in
 
     async def _check(self, name: str, data: dict):
@@ -161,6 +263,11 @@ class WorkshopCodeAuthenticator(Authenticator):
         if known:
             ok = await asyncio.to_thread(_matches, password, known)
             return {"name": name, "admin": False} if ok else None
+        if waiting := self._waiting().get(name):
+            if not await asyncio.to_thread(_matches, password, waiting):
+                return None
+            raise web.HTTPError(403, f"Your sign-up as {name!r} waits for the host: the room is "
+                                     "full. Ask the host to add your name on the Admin page.")
         # A new name: the workshop code lets a learner claim it with a password of their own.
         if not secrets.compare_digest(data.get("otp", "").strip(), self.workshop_code):
             return None
@@ -171,13 +278,41 @@ class WorkshopCodeAuthenticator(Authenticator):
             raise web.HTTPError(403, f"The name {name!r} is already used on this server (an "
                                      "account or a group of its system): choose another.")
         hashed = await asyncio.to_thread(_hash, password)
-        passwords = self._passwords()
-        if name in passwords:    # claimed by someone else while we were hashing
+        # From here to the save, nothing awaits: two sign-ups cannot both take the last place.
+        passwords, waiting = self._passwords(), self._waiting()
+        if passwords.get(name) or name in waiting:    # claimed while we were hashing
             return None
+        if name not in passwords and len(passwords) >= self.open_places:
+            if len(waiting) >= WAITING_MAX:
+                raise web.HTTPError(403, f"The room is full ({len(passwords)} places) and "
+                                         f"{len(waiting)} sign-ups already wait: ask the host.")
+            waiting[name] = hashed
+            self._write(waiting, ".waiting")
+            self.log.warning("workshop: the room is full (%d places); %s waits for the host "
+                             "(Admin page, Add Users)", len(passwords), name)
+            raise web.HTTPError(403, f"The room is full ({len(passwords)} places): your sign-up "
+                                     f"as {name!r} waits for the host. Ask the host to add your "
+                                     "name on the Admin page, then sign in with your password.")
         passwords[name] = hashed
         self._save(passwords)
         self.log.info("workshop: %s signed up", name)
         return {"name": name, "admin": False}
+
+    def add_user(self, user):
+        """A user the host adds on the Admin page (or the REST API) gets a place: their waiting
+        sign-up counts from now on, or the name may sign up with the code however full the
+        room is. (Also called for every user at each start of the hub: nothing changes then.)"""
+        if user.name not in self.admin_users:
+            passwords, waiting = self._passwords(), self._waiting()
+            if user.name in waiting:
+                passwords[user.name] = waiting.pop(user.name)
+                self._write(waiting, ".waiting")
+                self._save(passwords)
+                self.log.info("workshop: the host let %s in", user.name)
+            elif user.name not in passwords:
+                passwords[user.name] = ""
+                self._save(passwords)
+        return super().add_user(user)
 
     def delete_user(self, user):
         """Deleting a learner in the admin page frees their name (a forgotten password): they
@@ -192,14 +327,22 @@ class WorkshopAuthenticator(WorkshopCodeAuthenticator, LocalAuthenticator):
     """The same sign-up, and a system account per learner (make workshop)."""
 
     home_root = Unicode("/home", config=True, help="Learners' home folders go here.")
+    home_bytes = Integer(0, config=True, help="Each home's own disk (workshop/homes.py); 0: a "
+                         "plain folder on the machine's disk.")
 
-    def add_system_user(self, user):
-        """A new account in the workshop's group, its home readable by its owner alone. If the
-        system refuses it, the name is freed again: nothing is left claimed without an account."""
+    async def add_system_user(self, user):
+        """A new account in the workshop's group, its home readable by its owner alone, on a
+        disk of its own of ``home_bytes``. If the system refuses it, the name is freed again:
+        nothing is left claimed without an account. In a thread: useradd and mkfs take a
+        second on a busy machine, and the hub answers everyone else meanwhile."""
+        await asyncio.to_thread(self._make_account, user)
+
+    def _make_account(self, user):
         home = Path(self.home_root) / user.name
         subprocess.run(["groupadd", "--force", self.group], check=True)
-        made = subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell",
-                               "/bin/bash", "--user-group", "--groups", self.group,
+        made = subprocess.run(["useradd", "--home-dir", str(home), "--shell", "/bin/bash",
+                               "--user-group", "--groups", self.group,
+                               *(["--no-create-home"] if self.home_bytes else ["--create-home"]),
                                "--comment", "GPU Training Lab workshop", user.name],
                               capture_output=True, text=True)
         if made.returncode != 0:
@@ -208,8 +351,12 @@ class WorkshopAuthenticator(WorkshopCodeAuthenticator, LocalAuthenticator):
                 self._save(passwords)
             raise web.HTTPError(403, f"This server could not make an account named {user.name!r} "
                                      f"({made.stderr.strip()}): choose another name.")
+        if self.home_bytes:
+            account = pwd.getpwnam(user.name)
+            homes.create(home, self.home_bytes, account.pw_uid, account.pw_gid)
         home.chmod(0o700)
-        self.log.info("workshop: created account %s with home %s", user.name, home)
+        self.log.info("workshop: created account %s with home %s%s", user.name, home,
+                      f" ({self.home_bytes // 2**20} MiB disk of its own)" if self.home_bytes else "")
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,17 +373,20 @@ def hidden_ancestor(path: Path) -> Path | None:
 
 
 def reveal_plan(paths: list[Path]) -> tuple[str, str]:
-    """(GPULAB_WORKSHOP_HIDE, GPULAB_WORKSHOP_REVEAL) for start_learner.sh: what learners must
-    reach (the Python installation, the venv, the course) but cannot, behind which folder."""
+    """(GPULAB_WORKSHOP_HIDE, GPULAB_WORKSHOP_REVEAL) for start_learner.sh: the folders learners
+    may not enter that hold what they must reach (the Python installation, the venv, the
+    course: e.g. root's home with pyenv's Python, a clone in a private folder), and those paths,
+    colon-separated. Each such folder is covered in the learner's mount namespace by an empty
+    one, into which the paths under it are bound back, read-only. (Folders never nest here:
+    each is the outermost closed folder above its paths.)"""
     hidden = {p: h for p in paths if (h := hidden_ancestor(p))}
-    if not hidden:
-        return "", ""
-    folders = set(hidden.values())
-    if len(folders) > 1:
-        raise SystemExit("workshop: learners cannot reach " + ", ".join(map(str, hidden)) +
-                         f": they lie behind several closed folders ({', '.join(map(str, folders))})."
-                         " Install the course and its Python where every user may read them.")
-    return str(folders.pop()), ":".join(str(p) for p in hidden)
+    for path, folder in hidden.items():
+        if path == folder:
+            raise SystemExit(f"workshop: learners cannot enter {path} (mode "
+                             f"{path.stat().st_mode & 0o777:o}), which they need: even bound "
+                             f"back it stays closed. Give others read and entry: chmod o+rx {path}")
+    folders = sorted({str(h) for h in hidden.values()})
+    return ":".join(folders), ":".join(str(p) for p in hidden)
 
 
 def server_port(low: int = 20000, high: int = 32000) -> int:
@@ -270,6 +420,8 @@ class WorkshopSpawner(LocalProcessSpawner):
         if self.port == 0:
             self.port = server_port()
         name = self.user.name
+        # A hub started again after a reboot finds the learners' disks unmounted.
+        await asyncio.to_thread(homes.mount, Path(pwd.getpwnam(name).pw_dir))
         device = plan.assign_device(self.settings.devices, self.devices_taken, name)
         if device is not None:
             self.devices_taken[name] = device
@@ -277,7 +429,7 @@ class WorkshopSpawner(LocalProcessSpawner):
         prefix, self._walls_env = [], {}
         if self.walls is not None:
             limits = plan.learner_limits(self.settings, device)
-            nodes = await asyncio.to_thread(walls.device_nodes, device, _nvml())
+            nodes = await asyncio.to_thread(walls.device_nodes, device, walls.nvml())
             prefix, self._walls_env = await asyncio.to_thread(self.walls.start, name, limits, nodes)
             self.log.info("workshop: %s's walls (%s): %d MiB, %d tasks, CPU weight %d, devices %s",
                           name, self.walls.name, limits.memory_bytes // 2**20, limits.tasks,
@@ -297,19 +449,13 @@ class WorkshopSpawner(LocalProcessSpawner):
                       f"{device}, memory cap {self.settings.memory_fraction:g}" if device else "no GPU")
         return env
 
-    async def stop(self, now=False):
-        try:
-            await super().stop(now=now)
-        finally:
-            self.devices_taken.pop(self.user.name, None)
-            if self.walls is not None:     # what the server left running ends with its walls
-                await asyncio.to_thread(self.walls.stop, self.user.name)
-
-
-def _nvml():
-    """The driver's NVML (nvidia-ml-py), or None on a machine without it."""
-    try:
-        import pynvml
-        return pynvml
-    except ImportError:
-        return None
+    async def run_post_stop_hook(self):
+        """What the server left running (a daemon in a session of its own, a kernel's children)
+        ends with its walls, however the server ended. JupyterHub calls ``stop`` only on a
+        server that still runs (User.stop polls first): one that exited by itself (File > Shut
+        Down, a crash, a learner's kill) is marked stopped without it. This hook runs after
+        every stop, the idle culler's, the hub's shutdown's and a failed spawn's included."""
+        self.devices_taken.pop(self.user.name, None)
+        if self.walls is not None:
+            await asyncio.to_thread(self.walls.stop, self.user.name)
+        return await maybe_future(super().run_post_stop_hook())

@@ -1,6 +1,6 @@
 # JupyterHub configuration of the course's workshop mode. Started by `make workshop`
-# (workshop/run.py), which sets the variables below; see workshop/plan.py for the plan's and the
-# README's "Running a workshop" for the whole picture.
+# (workshop/run.py), which sets the variables below; see workshop/plan.py for the plan and
+# docs/workshop.md for the whole picture.
 #
 #   WORKSHOP_CODE, WORKSHOP_ADMIN_CODE  the learners' sign-up code and the admin's password
 #   WORKSHOP_ADMIN                      the admin's name (default host)
@@ -8,9 +8,11 @@
 #   WORKSHOP_HOMES                      where learners' home folders go (default /home)
 #   WORKSHOP_GROUP                      the group of every workshop account (gpulab-learners)
 #   WORKSHOP_IP, WORKSHOP_PORT          where learners connect (default 0.0.0.0:8000)
+#   WORKSHOP_TRUSTED_PROXIES            reverse proxies in front of the hub's (e.g. an HTTPS
+#                                       nginx), each adding to X-Forwarded-For (default 0)
 #   WORKSHOP_HUB_PORT, WORKSHOP_PROXY_API_PORT, WORKSHOP_PROGRESS_PORT  internal, on 127.0.0.1
-#   and the plan's WORKSHOP_DEVICES, _LEARNERS, _GPU_MEMORY_FRACTION, _THREADS, _KERNEL_IDLE_S,
-#   _SERVER_IDLE_S, _MEMORY, _TASKS, _SCRATCH, _WALLS (workshop/plan.py).
+#   and the plan's WORKSHOP_DEVICES, _LEARNERS, _SIGNUPS, _GPU_MEMORY_FRACTION, _THREADS,
+#   _KERNEL_IDLE_S, _SERVER_IDLE_S, _MEMORY, _TASKS, _SCRATCH, _DISK, _WALLS (workshop/plan.py).
 import atexit
 import os
 import sys
@@ -18,6 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import homes  # noqa: E402
 import hub   # noqa: E402
 import plan  # noqa: E402
 import walls  # noqa: E402
@@ -30,7 +33,8 @@ STATE = Path(env["WORKSHOP_STATE"])
 COURSE = ROOT / "notebooks"                      # the self-study release, self-checks included
 settings = plan.settings_from_env()
 
-# Where the hub listens; its database and secrets.
+# Where the hub listens; its database and secrets. The hub's own port, on 127.0.0.1, takes
+# X-Forwarded-For only from connections root owns: the proxy's (hub.client_address).
 c.JupyterHub.ip = env.get("WORKSHOP_IP", "0.0.0.0")
 c.JupyterHub.port = int(env.get("WORKSHOP_PORT", "8000"))
 c.JupyterHub.hub_ip = "127.0.0.1"
@@ -56,6 +60,13 @@ c.WorkshopAuthenticator.admin_code = env["WORKSHOP_ADMIN_CODE"]
 c.WorkshopAuthenticator.passwords_file = str(STATE / "learners.json")
 c.WorkshopAuthenticator.home_root = env.get("WORKSHOP_HOMES", "/home")
 c.WorkshopAuthenticator.group = env.get("WORKSHOP_GROUP", hub.GROUP)
+c.WorkshopAuthenticator.open_places = settings.signups
+c.WorkshopAuthenticator.proxies_in_front = int(env.get("WORKSHOP_TRUSTED_PROXIES", "0"))
+# Each home a disk of its own, where this machine can give one (run.py warns where it cannot).
+if homes.why_not(Path(c.WorkshopAuthenticator.home_root)) is None:
+    c.WorkshopAuthenticator.home_bytes = settings.disk_bytes
+# No more servers at once than the plan shares the machine among.
+c.JupyterHub.active_server_limit = settings.learners
 
 # 2 and 3. Each learner's server: their account, GPU, memory cap, threads; idle kernels culled.
 c.JupyterHub.spawner_class = hub.WorkshopSpawner
@@ -65,7 +76,9 @@ if settings.walls:       # run.py has checked that this machine has a way (works
     applier.prepare(settings.learners)
     atexit.register(applier.finish)
     hub.WorkshopSpawner.walls = applier
-NEEDED = [Path(sys.base_prefix).resolve(), VENV_BIN.parent, ROOT]   # what every learner runs
+# What every learner's processes read: the Python, the venv, the course's library, the release
+# they copy, and the workshop's server config and start page. Nothing else of the checkout.
+NEEDED = [Path(sys.base_prefix).resolve(), VENV_BIN.parent, ROOT / "gpulab", COURSE, HERE]
 hide, reveal = hub.reveal_plan(NEEDED)
 hub.WorkshopSpawner.wrapper_env = {
     "GPULAB_WORKSHOP_COURSE": str(COURSE), "GPULAB_WORKSHOP_HIDE": hide,

@@ -6,7 +6,11 @@ everything through environment variables, which `make workshop VAR=value` passes
 
     WORKSHOP_DEVICES          GPU or MIG UUIDs, comma-separated; "auto" (default): every MIG
                               instance the driver lists, else every GPU; "none": CPU only
-    WORKSHOP_LEARNERS         how many learners the plan is for (default 30)
+    WORKSHOP_LEARNERS         how many learners the plan is for (default 30); at most that many
+                              servers run at once (JupyterHub's active_server_limit)
+    WORKSHOP_SIGNUPS          how many may sign up with the workshop code alone (default:
+                              WORKSHOP_LEARNERS); later sign-ups wait until the host adds their
+                              name on the Admin page; 0: every sign-up waits for the host
     WORKSHOP_GPU_MEMORY_FRACTION  each learner's cap, a fraction of their device's memory
                               (default: 0.85 / learners per device, see ``memory_fraction``)
     WORKSHOP_THREADS          CPU threads per learner (default: cores / learners, at least 1)
@@ -17,6 +21,8 @@ everything through environment variables, which `make workshop VAR=value` passes
     WORKSHOP_TASKS            processes and threads per learner (512)
     WORKSHOP_SCRATCH          size of each of a learner's own /tmp, /var/tmp and /dev/shm
                               (default: half their memory; the files count in it)
+    WORKSHOP_DISK             size of each learner's home, a disk of their own (workshop/homes.py;
+                              default: the free space of the homes' disk less 10%, shared out)
     WORKSHOP_WALLS            "auto" (default): the walls with the tools this machine has
                               (workshop/walls.py); "off": none, on a machine that has no way
 
@@ -40,9 +46,10 @@ LEARNER_FOOTPRINT_BYTES = 4 * GiB
 # hundred MiB, outside the caching allocator and so outside its cap) and the allocator's rounding.
 CONTEXT_RESERVE = 0.15
 # RAM kept outside the learners' limits: the hub, its proxy and services (320 MiB measured with
-# 30 learners, README), the system, the page cache. The larger of 2 GiB and a tenth of the RAM.
+# 30 learners, docs/workshop.md), the system, the page cache. The larger of 2 GiB and a tenth of the RAM.
 HUB_RESERVE_MIN_BYTES = 2 * GiB
 HUB_RESERVE_SHARE = 0.10
+DISK_RESERVE_SHARE = 0.10     # of the homes' disk, kept free for the system, the hub's state
 TASKS_PER_LEARNER = 512       # a server, kernels with their threads, DataLoader workers, ranks
 CPU_WEIGHT = 100              # every learner the same: systemd's default CPUWeight
 
@@ -59,6 +66,8 @@ class Settings:
     tasks: int = TASKS_PER_LEARNER
     scratch_bytes: int = 2 * GiB
     walls: bool = True
+    signups: int = 30            # sign-ups without the host (WORKSHOP_SIGNUPS)
+    disk_bytes: int = 10 * GiB   # each learner's home
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,12 @@ def memory_per_learner(total_bytes: int, learners: int) -> int:
     learners on a 24 GiB machine: 0.7 GiB each; on 512 GiB: 15.4 GiB."""
     reserve = max(HUB_RESERVE_MIN_BYTES, int(HUB_RESERVE_SHARE * total_bytes))
     return max(0, total_bytes - reserve) // learners // 2**20 * 2**20
+
+
+def disk_per_learner(free_bytes: int, learners: int) -> int:
+    """Each learner's home disk: the homes' free space less DISK_RESERVE_SHARE, shared out, in
+    whole MiB. 30 learners with 70 GiB free: 2.1 GiB each; with 2 TiB: 61.4 GiB."""
+    return int(free_bytes * (1 - DISK_RESERVE_SHARE)) // learners // 2**20 * 2**20
 
 
 def parse_size(name: str, text: str) -> int:
@@ -140,12 +155,12 @@ def learners_that_fit(free_bytes: int, footprint_bytes: int = LEARNER_FOOTPRINT_
     return max(0, free_bytes // footprint_bytes)
 
 
-def _int(environ, name: str, default: int) -> int:
+def _int(environ, name: str, default: int, least: int = 1) -> int:
     value = environ.get(name, "").strip()
     if not value:
         return default
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{name}={value!r}: give a whole number, 1 or more")
+    if not value.isdigit() or int(value) < least:
+        raise ValueError(f"{name}={value!r}: give a whole number, {least} or more")
     return int(value)
 
 
@@ -166,8 +181,9 @@ def parse_devices(text: str) -> tuple[str, ...] | None:
 
 
 def settings_from_env(environ=os.environ, cores: int | None = None,
-                      ram: int | None = None) -> Settings:
-    """The host's settings (module docstring); "auto" devices are asked from the driver."""
+                      ram: int | None = None, disk_free: int | None = None) -> Settings:
+    """The host's settings (module docstring); "auto" devices are asked from the driver.
+    ``ram`` and ``disk_free`` (the homes' disk): this machine's unless given."""
     devices = parse_devices(environ.get("WORKSHOP_DEVICES", "auto"))
     if devices is None:
         devices = tuple(d.uuid for d in nvml_devices())
@@ -186,6 +202,19 @@ def settings_from_env(environ=os.environ, cores: int | None = None,
         raise ValueError(f"{memory // 2**20} MiB per learner is too little for a Jupyter server "
                          "and a kernel: plan fewer learners (WORKSHOP_LEARNERS) or give "
                          "WORKSHOP_MEMORY")
+    text = environ.get("WORKSHOP_DISK", "").strip()
+    if text:
+        disk = parse_size("WORKSHOP_DISK", text)
+    else:
+        if disk_free is None:
+            import shutil
+            homes = Path(environ.get("WORKSHOP_HOMES", "/home"))
+            disk_free = shutil.disk_usage(homes if homes.exists() else homes.parent).free
+        disk = disk_per_learner(disk_free, learners)
+    if disk < 64 * 2**20:
+        raise ValueError(f"{disk // 2**20} MiB of disk per learner is too little for their copy "
+                         "of the course and their files: free the homes' disk, plan fewer "
+                         "learners (WORKSHOP_LEARNERS) or give WORKSHOP_DISK")
     text = environ.get("WORKSHOP_SCRATCH", "").strip()
     walls = environ.get("WORKSHOP_WALLS", "auto").strip()
     if walls not in ("auto", "off"):
@@ -197,7 +226,8 @@ def settings_from_env(environ=os.environ, cores: int | None = None,
         server_idle_s=_int(environ, "WORKSHOP_SERVER_IDLE_S", 3600),
         memory_bytes=memory, tasks=_int(environ, "WORKSHOP_TASKS", TASKS_PER_LEARNER),
         scratch_bytes=parse_size("WORKSHOP_SCRATCH", text) if text else memory // 2,
-        walls=walls == "auto")
+        walls=walls == "auto", signups=_int(environ, "WORKSHOP_SIGNUPS", learners, least=0),
+        disk_bytes=disk)
 
 
 def learner_env(settings: Settings, device: str | None) -> dict[str, str]:

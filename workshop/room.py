@@ -43,29 +43,46 @@ def free_ports(n: int) -> list[int]:
 # A learner's browser, over HTTP
 
 
+class FromAddress(requests.adapters.HTTPAdapter):
+    """Connections from one loopback address of 127.0.0.0/8 (Linux answers on them all): a
+    learner elsewhere in the room, as the hub's proxy sees them."""
+
+    def __init__(self, address: str):
+        self.address = address
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, source_address=(self.address, 0), **kwargs)
+
+
 class Browser:
-    def __init__(self, base: str, name: str):
+    def __init__(self, base: str, name: str, address: str | None = None):
         self.base, self.name = base, name
         self.http = requests.Session()
+        if address:
+            self.http.mount("http://", FromAddress(address))
 
-    def sign_in(self, password: str, code: str = "", page: str = "login") -> requests.Response:
+    def sign_in(self, password: str, code: str = "", page: str = "login",
+                headers: dict | None = None) -> requests.Response:
         """The sign-in form (or, with ``page="signup"``, the sign-up form and its code)."""
-        self.http.get(f"{self.base}/hub/{page}", timeout=30)
-        xsrf = self.http.cookies.get("_xsrf")
+        self.http.get(f"{self.base}/hub/{page}", timeout=30, headers=headers)
+        xsrf = self.http.cookies.get("_xsrf", path="/hub/")   # a server or service sets its own
         return self.http.post(f"{self.base}/hub/{page}", allow_redirects=False, timeout=60,
                               data={"username": self.name, "password": password, "otp": code,
-                                    "_xsrf": xsrf})
+                                    "_xsrf": xsrf}, headers=headers)
 
     def sign_up(self, password: str, code: str) -> requests.Response:
         return self.sign_in(password, code, page="signup")
 
     def use_token(self) -> None:
-        """An API token of the signed-in learner's own (what JupyterLab's pages use, in short)."""
-        xsrf = self.http.cookies.get("_xsrf")
+        """An API token of the signed-in learner's own (what JupyterLab's pages use, in short).
+        The browser's cookies stay in ``self.signed_in`` (the hub knows this browser by them)."""
+        xsrf = self.http.cookies.get("_xsrf", path="/hub/")   # a server or service sets its own
         reply = self.http.post(f"{self.base}/hub/api/users/{self.name}/tokens", json={},
                                headers={"X-XSRFToken": xsrf}, timeout=30)
         reply.raise_for_status()
         self.token = reply.json()["token"]
+        self.signed_in = self.http
         self.http = requests.Session()
         self.http.headers["Authorization"] = f"token {self.token}"
 
@@ -111,7 +128,10 @@ class Browser:
         result = {"stdout": "", "displays": [], "died": False}
         try:
             while True:
-                msg = json.loads(ws.recv())
+                frame = ws.recv()
+                if isinstance(frame, bytes):      # a message with binary buffers (a widget's)
+                    continue
+                msg = json.loads(frame)
                 if msg.get("parent_header", {}).get("msg_id") != msg_id:
                     if msg.get("msg_type") == "status" and msg["content"].get("execution_state") in ("restarting", "dead"):
                         result["died"] = f"the kernel is {msg['content']['execution_state']}"

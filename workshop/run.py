@@ -25,6 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import homes  # noqa: E402
 import plan  # noqa: E402
 import walls  # noqa: E402
 
@@ -70,15 +71,41 @@ def room_address(ip: str) -> str:
             return name
 
 
+def unmappable_devices(devices: tuple[str, ...], nvml) -> list[str]:
+    """The devices of WORKSHOP_DEVICES whose nodes this machine cannot find, each with why (no
+    NVML, a UUID the driver does not know, a MIG instance without capability nodes): a learner
+    given one could not start (every spawn would answer 500)."""
+    refused = []
+    for uuid in devices:
+        try:
+            walls.device_nodes(uuid, nvml)
+        except Exception as error:  # noqa: BLE001 (NVMLError_*, LookupError, OSError)
+            refused.append(f"{uuid} ({type(error).__name__}: {error})")
+    return refused
+
+
 def main() -> None:
-    if os.geteuid() != 0:
-        sys.exit("workshop: run it as root (sudo make workshop): the hub creates a system account "
-                 "for each learner and starts their server as that account.")
     if "--remove-learners" in sys.argv[1:]:
+        if os.geteuid() != 0:
+            sys.exit("workshop: run it as root (sudo make workshop-remove-learners).")
         import accounts
         removed = accounts.remove_learners(os.environ.get("WORKSHOP_GROUP", accounts.GROUP))
         print(f"workshop: removed {len(removed)} account(s)" + (f": {', '.join(removed)}" if removed else ""))
         return
+    try:
+        settings = plan.settings_from_env()
+    except ValueError as error:
+        sys.exit(f"workshop: {error}")
+    # Before anything is created: a device this machine cannot map stops the start, not every spawn.
+    refused = unmappable_devices(settings.devices, walls.nvml())
+    if refused:
+        sys.exit("workshop: WORKSHOP_DEVICES names devices this machine cannot map to their device "
+                 "nodes, so no learner given one could start:\n  " + "\n  ".join(refused) +
+                 "\n`make workshop-check` lists the GPUs and MIG instances the driver knows; give "
+                 "those UUIDs, or WORKSHOP_DEVICES=none for a CPU workshop.")
+    if os.geteuid() != 0:
+        sys.exit("workshop: run it as root (sudo make workshop): the hub creates a system account "
+                 "for each learner and starts their server as that account.")
     if not os.access(PROXY, os.X_OK):
         sys.exit(f"workshop: the proxy is not installed ({PROXY}); run `make workshop`, which "
                  "installs it with npm.")
@@ -87,14 +114,10 @@ def main() -> None:
     state.chmod(0o700)       # the database, cookie secret, codes and password hashes
     code = codes(state)
     os.environ["WORKSHOP_CODE"], os.environ["WORKSHOP_ADMIN_CODE"] = code["learners"], code["admin"]
-    try:
-        settings = plan.settings_from_env()
-    except ValueError as error:
-        sys.exit(f"workshop: {error}")
     group = os.environ.get("WORKSHOP_GROUP", "gpulab-learners")
-    homes = Path(os.environ.get("WORKSHOP_HOMES", "/home")).resolve()
-    if any(homes.is_relative_to(scratch) for scratch in ("/tmp", "/var/tmp", "/dev/shm")):
-        sys.exit(f"workshop: WORKSHOP_HOMES={homes} lies in a folder each learner gets a private "
+    home_root = Path(os.environ.get("WORKSHOP_HOMES", "/home")).resolve()
+    if any(home_root.is_relative_to(scratch) for scratch in ("/tmp", "/var/tmp", "/dev/shm")):
+        sys.exit(f"workshop: WORKSHOP_HOMES={home_root} lies in a folder each learner gets a private "
                  "copy of (/tmp, /var/tmp, /dev/shm), where their home would vanish: use /home.")
     applier, why = walls.detect(group)
     if settings.walls and applier is None:
@@ -105,6 +128,12 @@ def main() -> None:
               f"{settings.tasks} tasks, an equal CPU share and their own GPU each; "
               f"/tmp, /var/tmp, /dev/shm of {settings.scratch_bytes / plan.GiB:.1f} GiB each"
               if settings.walls else "OFF (WORKSHOP_WALLS=off): learners can starve each other")
+    no_disk = homes.why_not(home_root)
+    disk = (f"a home of {settings.disk_bytes / plan.GiB:.1f} GiB each, a disk of its own "
+            "(ENOSPC past it)" if no_disk is None else
+            f"NO CAP ({no_disk}): one learner can fill the disk of {home_root}")
+    places = (f"{settings.signups} may sign up with the code; later sign-ups wait until you add "
+              f"their name on the Admin page; at most {settings.learners} servers run at once")
     try:
         gid = grp.getgrnam(group).gr_gid
     except KeyError:
@@ -120,6 +149,20 @@ def main() -> None:
     except PermissionError:
         oom = (f"hub 0 (root here lacks CAP_SYS_RESOURCE to lower it), learners "
                f"+{walls.LEARNER_OOM_SCORE_ADJ}: chosen first")
+    if settings.walls:
+        # Beside the hub's start, in its cgroup: done long before a first learner's kernel starts.
+        import subprocess
+        import sysconfig
+        warm = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import walls; from pathlib import Path; "
+                f"walls.warm_shared_pages(Path({sys.executable!r}), Path({sysconfig.get_paths()['purelib']!r}))")
+        subprocess.Popen([sys.executable, "-c", warm], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        shared = ("the course's libraries are read ahead by the hub, so that their pages count in "
+                  "no learner's memory")
+    else:
+        shared = "not read ahead (WORKSHOP_WALLS=off)"
+    import check
+    short = [line.strip() for line in check.needs_lines(settings) if line.lstrip().startswith("!")]
     port = os.environ.get("WORKSHOP_PORT", "8000")
     ip = os.environ.get("WORKSHOP_IP", "0.0.0.0")
     address = room_address(ip)
@@ -138,8 +181,11 @@ GPU Training Lab workshop, planned for {settings.learners} learners
   learners   sign up with a name, a password of their own, and the workshop code {code['learners']}
   host       sign in as {admin!r} with the admin code {code['admin']}
              (Admin page: every learner's server; Services > progress: who answered what)
+  places     {places}
   walls      {walled}
-  OOM killer {oom}
+  disk       {disk}
+  shared     {shared}
+  OOM killer {oom}{"".join(chr(10) + "  " + line for line in short)}
   closed     to learners: {shut} (the course's instructor side;
              each learner works in their own copy of the release)
   GPUs       {gpus}

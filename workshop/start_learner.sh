@@ -11,9 +11,10 @@
 #   GPULAB_WORKSHOP_KEEP           what learners must reach even where it lies in one of those
 #                                  (colon-separated: the Python, the venv, the course checkout)
 #   GPULAB_WORKSHOP_MASK           device nodes covered in the learner's namespace (cgroup v2)
-#   GPULAB_WORKSHOP_HIDE           a folder learners may not enter that holds what they must run
-#                                  (root's home, when the Python lives there, e.g. pyenv): in the
-#                                  private mount namespace it is covered by an empty folder...
+#   GPULAB_WORKSHOP_HIDE           folders learners may not enter that hold what they must run
+#                                  (colon-separated: root's home, when the Python lives there,
+#                                  e.g. pyenv; a clone in a private folder): in the private mount
+#                                  namespace each is covered by an empty folder...
 #   GPULAB_WORKSHOP_REVEAL         ...into which these paths (colon-separated) are bound back, read-only
 #   GPULAB_WORKSHOP_COURSE         the course release, copied to a new learner's ~/course
 #   GPULAB_WORKSHOP_START_HERE     the page a learner's JupyterLab opens on, put in ~/course
@@ -27,24 +28,29 @@ if [ "${GPULAB_WORKSHOP_IN_NAMESPACE:-}" != 1 ]; then
     done
     IFS=$old_ifs
     echo "${GPULAB_WORKSHOP_OOM_SCORE_ADJ:-500}" > /proc/self/oom_score_adj
-    GPULAB_WORKSHOP_IN_NAMESPACE=1 exec unshare --mount --propagation private -- "$0" "$@"
+    # slave: mounts made inside stay inside; the host's unmounting a learner's home when they are
+    # removed reaches every namespace (systemd's PrivateTmp= does the same). Where the host's
+    # mounts are private (no systemd, as on the test machine) it is the same as private.
+    GPULAB_WORKSHOP_IN_NAMESPACE=1 exec unshare --mount --propagation slave -- "$0" "$@"
 fi
 # In the learner's own mount namespace from here on.
-if [ -n "${GPULAB_WORKSHOP_HIDE:-}" ]; then
-    hidden="$GPULAB_WORKSHOP_HIDE"
+old_ifs=$IFS; IFS=:
+for hidden in ${GPULAB_WORKSHOP_HIDE:-}; do
     stage=$(mktemp -d)
     mount --bind "$hidden" "$stage"
     mount -t tmpfs -o mode=0755,size=1m gpulab-hidden "$hidden"
-    old_ifs=$IFS; IFS=:
     for path in $GPULAB_WORKSHOP_REVEAL; do
-        mkdir -p "$path"
-        mount --bind "$stage${path#"$hidden"}" "$path"
-        mount -o remount,bind,ro "$path"
+        case "$path" in
+            "$hidden"/*)
+                mkdir -p "$path"
+                mount --bind "$stage${path#"$hidden"}" "$path"
+                mount -o remount,bind,ro "$path" ;;
+        esac
     done
-    IFS=$old_ifs
     umount -l "$stage"
     rmdir "$stage"
-fi
+done
+IFS=$old_ifs
 # Other GPUs' device nodes, where no cgroup rule can close them (cgroup v2 without systemd):
 # covered by an empty file of mode 0000, which no learner may open (EACCES).
 if [ -n "${GPULAB_WORKSHOP_MASK:-}" ]; then

@@ -1,5 +1,5 @@
 """The walls around each learner: memory, CPU share, tasks and devices, applied with what the
-host has (README, "Running a workshop"). One plan (plan.Limits), two ways to apply it:
+host has (docs/workshop.md). One plan (plan.Limits), two ways to apply it:
 
 - **systemd** (every real GPU server; sd_booted(3): /run/systemd/system exists): the learner's
   server starts inside ``systemd-run --scope`` with the plan as unit properties
@@ -78,6 +78,15 @@ def mig_minors(proc: Path = Path("/proc")) -> dict[str, int]:
         if len(parts := line.split()) == 2 and parts[1].isdigit():
             table[parts[0]] = int(parts[1])
     return table
+
+
+def nvml():
+    """The driver's NVML (nvidia-ml-py), or None on a machine without it."""
+    try:
+        import pynvml
+        return pynvml
+    except ImportError:
+        return None
 
 
 def device_nodes(uuid: str | None, nvml, proc: Path = Path("/proc"),
@@ -326,6 +335,35 @@ class CgroupV2:
             _empty(learner, kill_file="cgroup.kill")
         if folder.is_dir():
             folder.rmdir()
+
+
+# --------------------------------------------------------------------------------------------
+# The room's shared pages
+
+# What a learner's kernel imports first: read once by the hub, the pages count for no learner.
+COURSE_IMPORTS = "import torch, numpy, matplotlib.pyplot, gpulab, gpulab.models, ipykernel.kernelapp"
+
+
+def warm_shared_pages(python: Path, site_packages: Path, timeout_s: float = 300) -> tuple[int, float]:
+    """Read the course's shared libraries (every *.so* under ``site_packages``: torch's 0.4 GiB
+    libtorch_cpu.so on a CPU build, the CUDA libraries on a GPU one) and import what a kernel
+    imports (their .pyc files), in the hub's own cgroup, before any learner starts. A page of the
+    page cache counts in the memory of the cgroup that first read it (the kernel's
+    cgroup-v1/memory.rst, "Shared Page Accounting"; v2 alike): otherwise the first learner to
+    import torch carries its pages inside their wall, and a chapter that fits beside them
+    thrashes, re-reading torch's code from disk at every step (chapter 07's ladder in a 0.7 GiB
+    wall: 9,161 major faults in 5 minutes and no end; scripts/bench_workshop.py measures each
+    chapter's). run.py starts it beside the hub. Returns (bytes read, seconds)."""
+    import subprocess
+    start, read = time.monotonic(), 0
+    for path in site_packages.rglob("*.so*"):
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as f:
+                while chunk := f.read(2**24):
+                    read += len(chunk)
+    subprocess.run([str(python), "-c", COURSE_IMPORTS], capture_output=True, timeout=timeout_s,
+                   env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    return read, time.monotonic() - start
 
 
 # --------------------------------------------------------------------------------------------

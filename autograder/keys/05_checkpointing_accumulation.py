@@ -14,9 +14,9 @@ from gpulab.models import GPTConfig
 # The numbers stated in the questions (solutions/05_checkpointing_accumulation, "Quiz" sections).
 # Those in PARAMS are canonical values: a graded release with a course seed draws others for each
 # student (gpulab.course.variants). The rest are the same for everyone (FIXED says why).
-H, A = 4096, 32                                        # quiz 1: a 16-bit model's width and heads
+H, A = 4096, 32                                        # Quiz 1: a 16-bit model's width and heads
 COURSE_GPT = GPTConfig(vocab_size=1000, block_size=128, n_layer=4, n_head=4, n_embd=256)
-BUDGET, SEQ = 140 * MiB, 128                           # quiz 9: fp32 AdamW, accumulating, every block
+BUDGET, SEQ = 140 * MiB, 128                           # Quiz 10: fp32 AdamW, accumulating, every block
 
 
 def count(n: float, text: str, name: str = "") -> dict:
@@ -24,49 +24,53 @@ def count(n: float, text: str, name: str = "") -> dict:
 
 
 PARAMS = {
-    "layers": Param(32, (24, 32, 40, 48, 60, 80)),                     # quiz 1
-    "seq": Param(2048, (1024, 1536, 2048, 3072, 4096)),                # quizzes 1 and 5
+    "layers": Param(32, (24, 32, 40, 48, 60, 80)),                     # Quiz 1
+    "seq": Param(2048, (1024, 1536, 2048, 3072, 4096)),                # Quizzes 1 and 6
     "micro_batch": Param(1, (1, 2, 4)),
-    "model": Param(count(7e9, "7 × 10⁹", "7B"), (                       # quizzes 2-3
+    "model": Param(count(7e9, "7 × 10⁹", "7B"), (                       # Quizzes 2-3
         count(1e9, "1 × 10⁹", "1B"), count(3e9, "3 × 10⁹", "3B"), count(7e9, "7 × 10⁹", "7B"),
         count(13e9, "13 × 10⁹", "13B"), count(70e9, "70 × 10⁹", "70B"))),
     "tokens": Param(count(1e9, "10⁹"), (count(1e9, "10⁹"), count(2e9, "2 × 10⁹"), count(5e9, "5 × 10⁹"))),
-    "blocks": Param(36, (16, 36, 64, 100, 144)),                       # quiz 4: √L whole, L/2 even
-    "global_micro": Param(4, (2, 4, 8)),                               # quiz 6
+    "blocks": Param(36, (16, 36, 64, 100, 144)),                       # Quiz 5: √L whole, L/2 even
+    "global_micro": Param(4, (2, 4, 8)),                               # Quiz 7
     "global_accum": Param(8, (2, 4, 6, 8)),                            # never a GPU count below
     "global_gpus": Param(16, (16, 24, 32, 64)),
-    "target_batch": Param(1024, (512, 1024, 2048, 4096)),              # quiz 7: 2 steps or more
+    "target_batch": Param(1024, (512, 1024, 2048, 4096)),              # Quiz 8: 2 steps or more
     "target_gpus": Param(8, (4, 8, 16)),
     "target_micro": Param(8, (4, 8, 16)),
-    # quiz 9: with the micro-batches that fit (25 checkpointed, 7 not), 2-8 steps, all different
+    # Quiz 10: with the micro-batches that fit (25 checkpointed, 7 not), 2-8 steps, all different
     "one_gpu_batch": Param(64, (48, 60, 64, 120, 128, 150)),
 }
 QUESTIONS = {
-    "ch05-md-04": "### Quiz 1: what full recomputation keeps\n\nA {layers}-layer model with h = 4096, sequence "
-                  "s = {seq}, micro-batch b = {micro_batch}, 16-bit activations, uses\nfull recomputation "
-                  "(every layer checkpointed). How many **MiB** of layer activations does\nforward keep for "
-                  "backward, in total over the {layers} layers?",
-    "ch05-md-05": "### Quiz 2: what it costs in FLOPs\n\nTraining a {model[name]}-parameter model (N = "
-                  "{model[text]}) on D = {tokens[text]} tokens with full recomputation: how many\ntraining "
-                  "FLOPs, by the rule above?",
-    "ch05-md-07": "### Quiz 5: the best segment size, in Chen et al.'s model\n\nA network has L = {blocks} "
-                  "layers. With segments of k layers, memory ≈ (L/k) + k units (one unit: a\nsegment input "
-                  "or one layer's rebuilt activations, taken as equal, as Chen et al. do). Which **k**\n"
-                  "minimises it?",
-    "ch05-md-k2": "### Quiz 6: when do segments of two blocks win?\n\nTake Quiz 1's model (h = 4096, s = {seq}, "
-                  "b = {micro_batch}, 16-bit) and give it a = 32 attention heads, but\nnow *without* fused "
-                  "attention: each block stores its s × s scores, so it keeps s·b·h·(34 + 5as/h)\nbytes, and "
-                  "its input is 2·s·b·h. With M(k) = (L/k)·S + k·A, at what depth **L** do segments of 2\n"
-                  "blocks keep exactly as much as segments of 1? (Deeper than that, k = 2 keeps less.)",
-    "ch05-md-12": "### Quiz 7: the global batch\n\nMicro-batch {global_micro}, {global_accum} accumulation "
-                  "steps, {global_gpus} data-parallel GPUs. What is the global batch?",
-    "ch05-md-13": "### Quiz 8: how many accumulation steps?\n\nYou want a global batch of {target_batch} "
-                  "sequences. Each of {target_gpus} GPUs fits a micro-batch of {target_micro}. How many\n"
-                  "accumulation steps?",
-    "ch05-md-20": "### Quiz 10: from the budget to the accumulation steps\n\nUse the largest micro-batch "
-                  "printed above for `checkpointing=True`. You want a global batch of\nexactly "
-                  "{one_gpu_batch} on one GPU, so the micro-batch must divide {one_gpu_batch}: take the "
-                  "largest divisor of {one_gpu_batch} that\nfits. How many accumulation steps does that give?",
+    'ch05-md-04': '### Quiz 1: what full recomputation keeps\n\nA {layers}-layer model with hidden '
+                  'size $h = 4096$, sequence length $s = {seq}$ and micro-batch $b = '
+                  '{micro_batch}$\nstores 16-bit activations. It uses full recomputation: every '
+                  'layer is checkpointed. How many\n**MiB** of layer activations does forward keep '
+                  'for backward, in total over the {layers} layers?',
+    'ch05-md-05': '### Quiz 2: what it costs in FLOPs\n\nYou train a {model[name]}-parameter model '
+                  '($N$ = {model[text]}) on $D$ = {tokens[text]} tokens with full recomputation. '
+                  'How\nmany training FLOPs does that take, by the rule above?',
+    'ch05-md-07': "### Quiz 5: the best segment size, in Chen et al.'s model\n\nA network has $L = "
+                  "{blocks}$ layers, cut into segments of $c$ layers. In Chen et al.'s model, "
+                  "memory is\nabout $L/c + c$ units. One unit is a segment's input or one layer's "
+                  'rebuilt activations, taken as\nequal. Which segment size **$c$** minimises it?',
+    'ch05-md-k2': "### Quiz 6: when do segments of two blocks win?\n\nTake Quiz 1's model ($h = "
+                  '4096$, $s = {seq}$, $b = {micro_batch}$, 16-bit) and give it $a = 32$ '
+                  'attention\nheads. This time it does *not* use fused attention, so each block '
+                  'stores its $s \\times s$ scores.\nA block then keeps $A = sbh\\,(34 + 5as/h)$ '
+                  'bytes, and its input is $S = 2sbh$ bytes. With\n$M(c) = (L/c)\\,S + c\\,A$, at '
+                  'what depth **$L$** do segments of 2 blocks keep exactly as much as\nsegments of '
+                  '1? (Deeper than that, $c = 2$ keeps less.)',
+    'ch05-md-12': '### Quiz 7: the global batch\n\nMicro-batch {global_micro}, {global_accum} '
+                  'accumulation steps, {global_gpus} data-parallel GPUs. What is the global batch?',
+    'ch05-md-13': '### Quiz 8: how many accumulation steps?\n\nYou want a global batch of '
+                  '{target_batch} sequences. Each of {target_gpus} GPUs fits a micro-batch of '
+                  '{target_micro}. How many\naccumulation steps?',
+    'ch05-md-20': '### Quiz 10: from the budget to the accumulation steps\n\nUse the largest '
+                  'micro-batch printed above for `checkpointing=True`. You want a global batch '
+                  'of\nexactly {one_gpu_batch} on one GPU, so the micro-batch must divide '
+                  '{one_gpu_batch}: take the largest divisor of {one_gpu_batch} that\nfits. How '
+                  'many accumulation steps does that give?',
 }
 # The same for everyone: Quiz 3's answer (2/6) holds for every N and D, Quiz 4's (2/9) for every
 # width, and with Quiz 9's they are predictions an experiment measures (the recomputation's FLOPs
@@ -113,8 +117,8 @@ def items(p: dict) -> list[Item]:
     EARLY_STOP = 2 * (12 - 4) / (6 * 12)
 
     def k2_crossing(block_bytes: float, input_bytes: float = full_layer) -> float:
-        """Depth L at which segments of 2 blocks keep as much as segments of 1 (quiz 5):
-        arith.segment_activation_bytes equal for k = 1 and 2, L·S + A = (L/2)·S + 2A, so L = 2A/S."""
+        """Depth L at which segments of 2 blocks keep as much as segments of 1 (Quiz 6):
+        arith.segment_activation_bytes equal for c = 1 and 2, L·S + A = (L/2)·S + 2A, so L = 2A/S."""
         return 2 * block_bytes / input_bytes
 
     def accumulation_for_target(checkpointing) -> int:
@@ -157,9 +161,9 @@ def items(p: dict) -> list[Item]:
             Mistake(1, f"segments of one block keep all {BLOCKS} inputs: {BLOCKS + 1} units. Balance "
                        "the two terms."),
             Mistake(BLOCKS // 2, f"{BLOCKS // 2} gives 2 + {BLOCKS // 2} = {2 + BLOCKS // 2} units; the "
-                                 "sum is smallest where L/k = k."),
-            *(Mistake(k, f"k = {k} keeps {BLOCKS}/{k} + {k} = {BLOCKS / k + k:.3g} units; compare it with "
-                         "its neighbours: L/k + k is smallest where L/k = k.")
+                                 "sum is smallest where L/c = c."),
+            *(Mistake(k, f"c = {k} keeps {BLOCKS}/{k} + {k} = {BLOCKS / k + k:.3g} units; compare it with "
+                         "its neighbours: L/c + c is smallest where L/c = c.")
               for k in (SQRT - 1, SQRT + 1)),
         )),
         Item("05-k2-layers", k2_crossing(stored_layer), "layers", rel_tol=0.01, mistakes=(

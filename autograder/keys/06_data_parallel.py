@@ -64,48 +64,59 @@ PARAMS = {
     "budget_gb": Param(60, (45, 60, 75)),
 }
 QUESTIONS = {
-    "ch06-md-06": "### Quiz 1: what reduce-scatter leaves on rank 1\n\nTwo ranks: rank 0 holds [{pieces[a0]}, "
-                  "{pieces[a1]}], rank 1 holds [{pieces[b0]}, {pieces[b1]}]. After a reduce-scatter with sum, "
-                  "what\nsingle number does rank 1 hold?",
-    "ch06-md-08": "### Quiz 2: all-reducing a {psi[name]} model's gradients\n\nA {psi[name]}-parameter model "
-                  "(Ψ = {psi[text]}) is held in bf16 with fp32 master weights in the optimizer\n(chapter 04), "
-                  "and its bf16 gradients are all-reduced as they are, in bf16. How many **ms** does a\nring "
-                  "all-reduce of them take on {nvlink_gpus} H100s connected by NVLink 4 at 450 GB/s per "
-                  "direction\n(ignore latency)?",
-    "ch06-md-quiz-autocast": "### Quiz 3: the same gradients under torch.autocast\n\nThe same {psi[name]} model "
-                  "is now trained with `torch.autocast(dtype=torch.bfloat16)` and plain\n"
-                  "`DistributedDataParallel` (no communication hook), on the same {nvlink_gpus} H100s. How "
-                  "many **ms** does the\ngradient all-reduce take? (Chapter 04: under autocast, what dtype "
-                  "do the parameters keep, and so\ntheir gradients?)",
-    "ch06-md-09": "### Quiz 4: from a measurement to bus bandwidth\n\nnccl-tests reports an all-reduce of 1 GB "
-                  "(10⁹ bytes) across {busbw_ranks} GPUs in {busbw_ms} ms. What is the bus\nbandwidth in "
-                  "**GB/s**?",
-    "ch06-md-10": "### Quiz 5: gathering the parameters\n\nUnder ZeRO-3 (section 5) each GPU holds "
-                  "1/{nvlink_gpus} of the bf16 parameters of the same {psi[name]} model and must\nall-gather "
-                  "the full set before computing. How many **ms** does one all-gather take on the same\n"
-                  "NVLink (450 GB/s per direction, {nvlink_gpus} GPUs)?",
-    "ch06-md-18": "### Quiz 6: compute plus exposed communication\n\nA step computes for {step[compute]} ms, of "
-                  "which backward is {step[backward]} ms. The gradient all-reduce takes {step[comm]} ms, "
-                  "and\nDDP overlaps it with backward. How many **ms** does the step take?",
-    "ch06-md-19": "### Quiz 7: the smallest per-GPU batch that hides the all-reduce\n\n{ranks[n]} GPUs, one per "
-                  "node, each node with one {nic[gbit]} Gb/s InfiniBand NIC, so B = {nic[gbytes]} GB/s per GPU; "
-                  "each\nGPU achieves F = {flops_t} × 10¹² FLOP/s; bf16 gradients (p = 2). How many "
-                  "**tokens** per GPU per step\nmake the backward pass as long as the all-reduce?",
-    "ch06-md-quiz-remedy": "### Quiz 9: which change helps? (reasoning)\n\nThe run of Quizzes 7 and 8, "
-                  "{ranks[n]} GPUs with one {nic[gbytes]} GB/s NIC each, trains on one sequence of 2048\ntokens "
-                  "per GPU per optimizer step, and its exposed all-reduce takes most of each step. Which one"
-                  "\nchange cuts the share of each step spent waiting on communication the most? Answer with "
-                  "the\nletter as a string, e.g. `\"a\"`.\n\n- (a) {ranks[doubled]} GPUs, still 2048 tokens "
-                  "per GPU per step;\n- (b) ZeRO stage 2 instead of plain DDP;\n- (c) gradient accumulation "
-                  "over 4 micro-batches of 2048 tokens per step, the first three\n  backward passes inside "
-                  "DDP's `model.no_sync()`;\n- (d) the same accumulation over 4 micro-batches, without "
-                  "`no_sync()`.",
-    "ch06-md-25": "### Quiz 10: ZeRO-2 on {zero2_gpus} GPUs\n\nThe same 7.5B model (mixed-precision Adam, "
-                  "K = 12) on {zero2_gpus} GPUs under ZeRO stage 2: how many **GB**\nof model state per GPU?",
-    "ch06-md-26": "### Quiz 11: how many GPUs for a {big[name]} model under ZeRO-3?\n\nA {big[name]} model, "
-                  "mixed-precision Adam (16 bytes per parameter), ZeRO stage 3. You allow at most\n"
-                  "{budget_gb} GB of model state per GPU (the rest is for activations). What is the fewest "
-                  "GPUs?",
+    'ch06-md-06': '### Quiz 1: what reduce-scatter leaves on rank 1\n\nTwo ranks: rank 0 holds '
+                  '[{pieces[a0]}, {pieces[a1]}], rank 1 holds [{pieces[b0]}, {pieces[b1]}]. After a '
+                  'reduce-scatter with sum, what\nsingle number does rank 1 hold? (The next cell '
+                  'runs it; answer first.)',
+    'ch06-md-08': "### Quiz 2: all-reducing a {psi[name]} model's gradients\n\nA "
+                  '{psi[name]}-parameter model ($\\Psi$ = {psi[text]}) is held in bf16, with fp32 '
+                  'master weights in the\noptimizer (chapter 04). Its bf16 gradients are '
+                  'all-reduced as they are, in bf16. How many **ms**\ndoes a ring all-reduce of '
+                  'them take on {nvlink_gpus} H100s connected by NVLink 4, at 450 GB/s per '
+                  'direction?\nIgnore latency.',
+    'ch06-md-quiz-autocast': '### Quiz 3: the same gradients under torch.autocast\n\nThe same '
+                             '{psi[name]} model is now trained with '
+                             '`torch.autocast(dtype=torch.bfloat16)` and '
+                             'plain\n`DistributedDataParallel`, with no *communication hook* (a '
+                             'function that changes what DDP\nsends), on the same {nvlink_gpus} '
+                             'H100s. How many **ms** does\nthe gradient all-reduce take? (Chapter '
+                             '04: under autocast, what dtype do the parameters keep, and\nso their '
+                             'gradients?)',
+    'ch06-md-09': '### Quiz 4: from a measurement to bus bandwidth\n\nnccl-tests reports an '
+                  'all-reduce of 1 GB ($10^9$ bytes) across {busbw_ranks} GPUs in {busbw_ms} ms. '
+                  'What is the bus\nbandwidth in **GB/s**?',
+    'ch06-md-10': '### Quiz 5: gathering the parameters\n\nUnder *ZeRO-3*, which section 5 '
+                  'explains, each GPU keeps only a slice of the parameters: 1/{nvlink_gpus} of\nthe '
+                  'bf16 parameters of the same {psi[name]} model. Before computing, it must '
+                  'all-gather the full set. How\nmany **ms** does one all-gather take on the same '
+                  'NVLink (450 GB/s per direction, {nvlink_gpus} GPUs)?',
+    'ch06-md-18': '### Quiz 6: compute plus exposed communication\n\nA step computes for '
+                  '{step[compute]} ms, of which backward is {step[backward]} ms. The gradient '
+                  'all-reduce takes {step[comm]} ms, and\nDDP overlaps it with backward. How many '
+                  '**ms** does the step take?',
+    'ch06-md-19': '### Quiz 7: the smallest per-GPU batch that hides the all-reduce\n\n{ranks[n]} '
+                  'GPUs, one per server, each server with one {nic[gbit]} Gb/s InfiniBand NIC, so '
+                  '$B$ = {nic[gbytes]} GB/s per GPU.\nEach GPU achieves $F$ = {flops_t} × 10¹² '
+                  'FLOP/s, and the gradients are bf16 ($q = 2$). How many\n**tokens** per GPU per '
+                  'step make the backward pass as long as the all-reduce?',
+    'ch06-md-quiz-remedy': '### Quiz 9: which change helps? (reasoning)\n\nThe run of Quizzes 7 and '
+                           '8, {ranks[n]} GPUs with one {nic[gbytes]} GB/s NIC each, trains on one '
+                           'sequence of 2048\ntokens per GPU per optimizer step. Its exposed '
+                           'all-reduce takes most of each step. Which one\nchange cuts the share of '
+                           'each step spent waiting on communication the most? Answer with '
+                           'the\nletter as a string, e.g. `"a"`.\n\n- (a) {ranks[doubled]} GPUs, '
+                           'still 2048 tokens per GPU per step;\n- (b) ZeRO stage 2 instead of '
+                           'plain DDP;\n- (c) gradient accumulation over 4 micro-batches of 2048 '
+                           "tokens per step, the first three\n  backward passes inside DDP's "
+                           '`model.no_sync()`;\n- (d) the same accumulation over 4 micro-batches, '
+                           'without `no_sync()`.',
+    'ch06-md-25': '### Quiz 10: ZeRO-2 on {zero2_gpus} GPUs\n\nThe same 7.5B model (mixed-precision '
+                  'Adam, $K = 12$) runs on {zero2_gpus} GPUs under ZeRO stage 2. How many\n**GB** '
+                  'of model state does each GPU hold?',
+    'ch06-md-26': '### Quiz 11: how many GPUs for a {big[name]} model under ZeRO-3?\n\nA '
+                  '{big[name]} model is trained with mixed-precision Adam (16 bytes per parameter) '
+                  'under ZeRO stage 3. You\nallow at most {budget_gb} GB of model state per GPU; '
+                  'the rest is for activations. What is the fewest\nGPUs?',
 }
 # Quiz 9 is a choice whose answer no number changes; Quiz 12 is the ZeRO paper's own setting
 # (7.5B on 64 GPUs, whose 3Ψ the prose quotes); Quiz 13 is the schedule an experiment runs;
@@ -130,6 +141,22 @@ def zero_gb(n_gpus, stage, n_params=PSI_ZERO):
 
 def fewest_gpus(n_params, budget, bytes_per_param=16):
     return math.ceil(n_params * bytes_per_param / budget)
+
+
+def zero3_budget_slips(n_params: float, budget_gb: float) -> tuple[Mistake, ...]:
+    """Quiz 11's two slips on the budget: rounding the GPU count down, and reading the budget
+    as GiB (2^30 bytes, 7% more, so fewer GPUs). Where both give the same count, one message
+    names both; where they differ, each value gets its own."""
+    rounded_down = math.floor(n_params * 16 / (budget_gb * GB))
+    in_gib = math.ceil(n_params * 16 / (budget_gb * 2**30))
+    round_up = (f"with fewer GPUs than 16·Ψ / {budget_gb} GB each shard is over budget, so "
+                "round up")
+    gib = (f"{budget_gb} GB is {budget_gb} × 10⁹ bytes, not {budget_gb} GiB (2³⁰ bytes each, "
+           "7% more)")
+    if in_gib == rounded_down:
+        return (Mistake(rounded_down, f"{round_up}; or {gib}."),)
+    return (Mistake(rounded_down, f"{round_up}."),
+            Mistake(in_gib, f"{gib}: a GiB budget is larger and needs fewer GPUs."))
 
 
 def items(p: dict) -> list[Item]:
@@ -230,18 +257,16 @@ def items(p: dict) -> list[Item]:
         # Quiz 10
         Item("06-zero2-gb", zero_gb(ZERO2_GPUS, 2), "GB", rel_tol=0.01, mistakes=(
             Mistake(zero_gb(ZERO2_GPUS, 1), "that is stage 1 (only the optimizer states sharded); "
-                                        "stage 2 shards the gradients too: 2Ψ + 14Ψ/N."),
+                                        "stage 2 shards the gradients too: 2Ψ + 14Ψ/n."),
             Mistake(zero_gb(ZERO2_GPUS, 3), "that is stage 3 (parameters sharded too); stage 2 keeps "
                                         "the full bf16 parameters on every GPU."),
             Mistake(zero_gb(ZERO2_GPUS, 0), "that is plain data parallelism (16 bytes per parameter on "
                                         "every GPU); ZeRO-2 shards gradients and optimizer states."),
         )),
-        # Quiz 11
+        # Quiz 11: rounding down and reading the budget as GiB are two slips; on the small
+        # models they give the same number, on 175B they do not (58 vs 62 at 45 GB).
         Item("06-zero3-gpus", fewest_gpus(PSI_70B, BUDGET), "GPUs", mistakes=(
-            Mistake(math.floor(PSI_70B * 16 / BUDGET), f"round up (and {p['budget_gb']} GB is {p['budget_gb']} × 10⁹ bytes, "
-                                                       f"not {p['budget_gb']} GiB): with fewer GPUs than "
-                                                       f"16·Ψ / {p['budget_gb']} GB "
-                                                       "each shard is over budget."),
+            *zero3_budget_slips(PSI_70B, p["budget_gb"]),
             Mistake(fewest_gpus(PSI_70B, BUDGET, 12), "12 bytes per parameter is the optimizer state "
                                                       "alone; ZeRO-3 shards all 16 (weights, "
                                                       "gradients and optimizer state)."),

@@ -18,7 +18,8 @@ GiB, MiB = 2**30, 2**20
 # (gpulab.course.variants). The rest are the same for everyone (FIXED says why).
 SMI_TOTAL_MIB = 81559                                         # Quiz 1: an H100 80GB, nvidia-smi's MiB
 READ_MASK = 0x24                                              # Quiz 5
-FRAG_REQUEST, FRAG_TOTAL, FRAG_FREE, FRAG_ALLOC, FRAG_UNALLOC = 3.00, 79.19, 0.90, 61.20, 14.85  # Quiz 7
+FRAG_REQUEST, FRAG_TOTAL, FRAG_ALLOC, FRAG_UNALLOC = 3.00, 79.19, 61.20, 14.85   # Quiz 7, GiB
+FRAG_FREE = 900 / 1024                                        # the message's "900.00 MiB", in GiB
 CHANNELS, SIDE, FP32 = 3, 224, 4                              # Quiz 10: fp32 images
 LOSS0, GROWTH = 1.0, 2.25                                     # Quiz 11
 INTERRUPTIONS, DAYS, GPUS_SEEN = 419, 54, 16_384              # Quiz 12: Llama 3 paper
@@ -116,9 +117,11 @@ QUESTIONS = {
     "ch08-md-q-kwh": "### Quiz 3: tokens per kilowatt-hour\n\nEach step of Quiz 2 trains a batch of "
                      "{step[seqs]} sequences of {step[seq_len]} tokens. How many **tokens per kWh**\n"
                      "does this GPU train?",
-    "ch08-md-q-mask": "### Quiz 4: build a mask\n\nDuring a run the GPU {mask[situation]}. What\nvalue "
-                      "(as a number, e.g. `0x10` or `16`) does `nvmlDeviceGetCurrentClocksEventReasons` "
-                      "return\non a real GPU, if no other reason is active?",
+    "ch08-md-q-mask": "### Quiz 4: build a mask\n\nDuring a run the GPU {mask[situation]}. Current "
+                      "drivers also set HwSlowdown (0x8)\nwhenever HwThermalSlowdown (0x40) or "
+                      "HwPowerBrakeSlowdown (0x80) is active (section 3).\nWhat value (as a number, e.g. "
+                      "`0x10` or `16`) does `nvmlDeviceGetCurrentClocksEventReasons`\nreturn, with no "
+                      "other reason active?",
     "ch08-md-q-oom-outside": "### Quiz 6: memory outside PyTorch\n\nFrom {oom[where]} (total {oom[total]:.2f} "
                              "GiB, {oom[free]:.2f} GiB free, {oom[allocated]:.2f} GiB allocated by PyTorch, "
                              "{oom[unallocated]:.2f} GiB\nreserved by PyTorch but unallocated): how many "
@@ -255,8 +258,9 @@ def items(p: dict) -> list[Item]:
             Mistake("empty_cache", "before raising, the allocator already returned every wholly free "
                     "segment to the driver; the 14.85 GiB left are free pieces of partly used "
                     "segments, which empty_cache cannot release either."),
-            Mistake("other_process", "total − free − reserved = 79.19 − 0.90 − 76.05 = 2.24 GiB "
-                    "outside PyTorch: a CUDA context and little else. The memory is in PyTorch's cache."),
+            Mistake("other_process", "900 MiB free is 0.88 GiB, so total − free − reserved = "
+                    "79.19 − 0.88 − 76.05 = 2.26 GiB is outside PyTorch: a CUDA context and little "
+                    "else. The memory is in PyTorch's cache."),
         )),
         Item("08-assert-env", "cuda_launch_blocking", "",
              choices=("cuda_launch_blocking", "torch_use_cuda_dsa", "cuda_visible_devices",

@@ -37,8 +37,10 @@ def base(batch: int, lr: float, lr_text: str) -> dict:
 
 
 def gpt3(name: str, seqs: int, table: float, table_text: str) -> dict:
-    """Quiz 7: a GPT-3 model of Table 2.1: its batch in sequences of 2048 tokens, and the
-    table's rounded figure in tokens."""
+    """Quiz 7: a GPT-3 model of Table 2.1, whose batch in tokens is a whole number of 2,048-token
+    sequences when its "M" is read as 2^20 (0.5M = 256 sequences); the paper itself gives no
+    sequence count. 175B's 3.2M is a whole number of sequences in neither reading, so it is not
+    drawn (issue 36, erratum 9: 1,536 x 2,048 = 3.1M)."""
     return {"name": name, "seqs": seqs, "tokens": seqs * GPT3_SEQ, "table": table, "table_text": table_text}
 
 
@@ -75,31 +77,33 @@ PARAMS = {
                                                base(128, 1.2e-3, "1.2 × 10⁻³"))),
     "gpt3": Param(gpt3("Small (125M)", 256, 0.5e6, "0.5M"), (                       # Quiz 7
         gpt3("Small (125M)", 256, 0.5e6, "0.5M"), gpt3("XL (1.3B)", 512, 1e6, "1M"),
-        gpt3("6.7B", 1024, 2e6, "2M"), gpt3("175B", 1536, 3.2e6, "3.2M"))),
+        gpt3("6.7B", 1024, 2e6, "2M"))),
     "per_step": Param(per_step(4, 8, 64, 4096), (                                  # Quiz 9
         per_step(4, 8, 64, 4096), per_step(2, 12, 48, 4096), per_step(8, 6, 96, 2048),
         per_step(1, 16, 24, 8192), per_step(2, 3, 128, 8192), per_step(4, 5, 32, 2048))),
     "fit": Param(fit(4_194_304, 8, 4096), (fit(4_194_304, 8, 4096), fit(2_097_152, 8, 4096),   # Quiz 10
                                            fit(8_388_608, 16, 2048), fit(4_194_304, 16, 8192),
                                            fit(16_777_216, 8, 4096), fit(3_145_728, 8, 4096))),
-    "start": Param(start(1, "B_crit"), (start(0.25, "B_crit / 4"), start(0.5, "B_crit / 2"),    # Quiz 11
-                                        start(1, "B_crit"), start(2, "2 × B_crit"), start(4, "4 × B_crit"),
-                                        start(8, "8 × B_crit"))),
+    "start": Param(start(1, "the critical batch size"), (                            # Quiz 11
+        start(0.25, "a quarter of the critical batch size"), start(0.5, "half the critical batch size"),
+        start(1, "the critical batch size"), start(2, "twice the critical batch size"),
+        start(4, "4 times the critical batch size"), start(8, "8 times the critical batch size"))),
 }
 QUESTIONS = {
     "ch10-md-q-two-batch": "### Quiz 1: the noise scale from two gradient norms\n\n{probe[ranks]} data-parallel "
                            "ranks each compute the gradient of a micro-batch of {probe[micro]} sequences,\nand the "
                            "all-reduce averages them into the gradient of the global batch of {probe[big_batch]}. "
-                           "Averaged\nover many steps, one rank's gradient has |G_small|² = {probe[small]:.3g} and "
-                           "the averaged gradient\n|G_big|² = {probe[big]:.3g}. What is B_simple, in "
-                           "**sequences**?",
-    "ch10-md-q-steps": "### Quiz 2: steps at the critical batch\n\nTo reach a target loss, a run needs "
-                       "S_min = {limits[s_min]:,} steps with an infinite batch and\nE_min = {limits[e_text]} "
-                       "tokens with a tiny one. How many **steps** does it need at B = B_crit?",
-    "ch10-md-q-two-runs": "### Quiz 4: the critical batch from two runs\n\nTwo runs to the same target loss: "
-                          "at a batch of {two_runs[b1]:,} sequences one took {two_runs[s1]:,} steps, at\n"
-                          "{two_runs[b2]:,} sequences the other took {two_runs[s2]:,}. Through both, "
-                          "S = S_min + E_min/B: what is B_crit, in\n**sequences**?",
+                           "Averaged\nover many steps, the squared norm of one rank's gradient is {probe[small]:.3g}, "
+                           "and that of the\naveraged gradient is {probe[big]:.3g}. What is the gradient noise "
+                           "scale, in **sequences**?",
+    "ch10-md-q-steps": "### Quiz 2: steps at the critical batch size\n\nTo reach a target loss, a run needs "
+                       "{limits[s_min]:,} steps with an infinite batch (the fewest\nsteps) and "
+                       "{limits[e_text]} tokens with a tiny one (the fewest tokens). How many **steps** does "
+                       "it need at\nthe critical batch size?",
+    "ch10-md-q-two-runs": "### Quiz 4: the critical batch size from two runs\n\nTwo runs reach the same target "
+                          "loss. At a batch of {two_runs[b1]:,} sequences one took {two_runs[s1]:,} steps;\nat "
+                          "{two_runs[b2]:,} sequences the other took {two_runs[s2]:,}. Both lie on the curve of "
+                          "section 1. What is the\ncritical batch size, in **sequences**?",
     "ch10-md-q-linear": "### Quiz 5: the linear rule at 8× the batch\n\nSGD with momentum was tuned at a batch "
                         "of {sgd[batch]} images with learning rate {sgd[lr_text]}. You move to 8× the\nbatch. "
                         "What learning rate does the linear rule give?",
@@ -107,22 +111,22 @@ QUESTIONS = {
                       "{adam[batch]} sequences with learning rate {adam[lr_text]}. You move to 8× the batch.\n"
                       "What learning rate does the square-root rule give?",
     "ch10-md-q-warmup": "### Quiz 7: a warm-up in tokens, in steps\n\nGPT-3 {gpt3[name]} warmed its learning "
-                        "rate up over the first 375 million tokens; its batch was\n{gpt3[seqs]:,} sequences of "
-                        "2,048 tokens (Table 2.1 rounds it to {gpt3[table_text]} tokens). Had the batch been at "
-                        "that full\nsize from the first step, how many **optimizer steps** would the warm-up "
-                        "have lasted?",
+                        "rate up over the first 375 million tokens. Its batch\nwas {gpt3[seqs]:,} sequences of "
+                        "2,048 tokens: Table 2.1 gives it as {gpt3[table_text]} tokens, with M read as\n2²⁰ (the "
+                        "paper gives no count of sequences). Had the batch been at that full size from the\n"
+                        "first step, how many **optimizer steps** would the warm-up have lasted?",
     "ch10-md-q-tokens": "### Quiz 9: tokens per optimizer step\n\nA run uses micro-batches of {per_step[micro]} "
                         "sequences of {per_step[seq]:,} tokens, {per_step[accumulation]} accumulation steps and "
                         "{per_step[ranks]}\ndata-parallel ranks. How many **tokens** does one optimizer step "
                         "train on?",
-    "ch10-md-q-gpus": "### Quiz 10: GPUs up to the critical batch\n\nA run's critical batch is "
-                      "{fit[b_crit]:,} tokens. Each GPU fits a micro-batch of {fit[micro]} sequences of\n"
+    "ch10-md-q-gpus": "### Quiz 10: GPUs up to the critical batch size\n\nA run's critical batch size is "
+                      "{fit[b_crit]:,} tokens. Each GPU fits a micro-batch of {fit[micro]} sequences\nof "
                       "{fit[seq]:,} tokens, and you do not accumulate. With how many **GPUs** is the global "
-                      "batch equal to\nB_crit?",
-    "ch10-md-q-doubling": "### Quiz 11: what doubling the GPUs buys\n\nA run's global batch is B = {start[text]}. "
-                          "You double the GPUs, each keeping its micro-batch, so the\nglobal batch doubles. By "
-                          "what **factor** does the number of steps to the target fall (S at the old\nbatch "
-                          "divided by S at the new one)?",
+                      "batch equal to the\ncritical batch size?",
+    "ch10-md-q-doubling": "### Quiz 11: what doubling the GPUs buys\n\nA run's global batch is {start[text]}. "
+                          "You double the GPUs, each keeping its\nmicro-batch, so the global batch doubles. By "
+                          "what **factor** does the number of steps to the target fall\n(the steps at the old "
+                          "batch divided by the steps at the new one)?",
 }
 # The same for everyone: a choice that Experiment 3 measured, and a fixed piece of code to read.
 FIXED = {
@@ -196,8 +200,9 @@ def items(p: dict) -> list[Item]:
              mistakes=(
             Mistake(lr_scaling.linear_rule(adam["lr"], adam["batch"], 8 * adam["batch"]), "that is the linear "
                     "rule, for SGD; for Adam multiply by the square root of the factor, √8 ≈ 2.83."),
-            Mistake(adam["lr"], "unchanged is too small: Adam's step grows only as √8 by itself, the "
-                                "square-root rule supplies it."),
+            Mistake(adam["lr"], "unchanged is too small. A batch 8 times bigger should move the weights "
+                                "about 8 times as far per step; Adam's own normaliser gives √8 of that, and the "
+                                "square-root rule supplies the other √8."),
             Mistake(adam["lr"] / 8 ** 0.5, "the other way round: multiply by √8, do not divide."),
             Mistake(adam["lr"] * 8 ** 2, "square root, not square: × √8 ≈ 2.83."),
         )),
@@ -208,8 +213,8 @@ def items(p: dict) -> list[Item]:
                     f"trains on {seqs:,} × 2,048 = {tokens:,} tokens."),
             Mistake(GPT3_WARMUP_TOKENS / GPT3_SEQ, "that is the number of sequences in 375 million tokens; "
                     f"divide by the {seqs:,} sequences a step takes too."),
-            Mistake(GPT3_WARMUP_TOKENS / p["gpt3"]["table"], f"that uses Table 2.1's rounded "
-                    f"{p['gpt3']['table_text']}; a step is {seqs:,} × 2,048 = {tokens:,} tokens exactly."),
+            Mistake(GPT3_WARMUP_TOKENS / p["gpt3"]["table"], f"that reads Table 2.1's {p['gpt3']['table_text']} "
+                    f"as decimal millions; a step is {seqs:,} × 2,048 = {tokens:,} tokens exactly."),
         )),
         # Quiz 8
         Item("10-spike-fix", "sqrt_and_warmup", "",

@@ -2,7 +2,7 @@
 batch under each learning-rate rule, with and without warm-up (chapter 10, Experiment 3).
 
 Every run sees the same sequences in the same order (a run at 4× the batch takes them 4 at a
-time), and every run is evaluated on the same held-out texts, so curves drawn against the
+time), and every run is evaluated on the same held-out sequences, so curves drawn against the
 sequences seen lie on top of each other exactly when the bigger batch learns as much per example
 as the small one. The warm-up is ``torch.optim.lr_scheduler.LinearLR`` (the lines chapter 10's
 "In your training script" shows).
@@ -40,8 +40,9 @@ class GPTRun:
         return self.losses[-1]
 
 
-def texts(language: Language, n: int, seed: int) -> torch.Tensor:
-    """``n`` texts of SEQ_LEN + 1 tokens, the same for the same seed."""
+def sequences(language: Language, n: int, seed: int) -> torch.Tensor:
+    """``n`` sequences of SEQ_LEN + 1 tokens (the model reads SEQ_LEN and predicts the next
+    token at each), the same for the same seed."""
     return sample_sequences(language, n, SEQ_LEN, torch.Generator().manual_seed(seed))
 
 

@@ -127,6 +127,6 @@ PUBLISHED: tuple[PublishedRun, ...] = (
     PublishedRun("Llama 2 7B", 7e9, 4e6, 3.0e-4, "2000 steps", LLAMA2_SCHEDULE, LLAMA2),
     PublishedRun("Llama 2 70B", 70e9, 4e6, 1.5e-4, "2000 steps", LLAMA2_SCHEDULE, LLAMA2),
     PublishedRun("Llama 3 405B", 405e9, 16e6, 8e-5, "8000 steps",
-                 "batch 4M tokens, 8M after 252M tokens, 16M after 2.87T; cosine to 8e-7 over "
-                 "1.2M steps", LLAMA3),
+                 "batch 4M tokens in sequences of 4,096, then 8M tokens in sequences of 8,192 after "
+                 "252M tokens (both doubled), 16M after 2.87T; cosine to 8e-7 over 1.2M steps", LLAMA3),
 )

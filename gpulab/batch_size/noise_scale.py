@@ -105,6 +105,17 @@ class GradientNoiseMeter:
         self.steps += 1
 
     @property
+    def mean_g2(self) -> float:
+        """The moving average of the |G|² estimates, bias-corrected (an average of zero-started
+        exponential averages is too small by 1 − decay^steps): the signal the meter sees now."""
+        return self.g2 / (1 - self.decay ** self.steps) if self.steps else float("nan")
+
+    @property
+    def mean_trace(self) -> float:
+        """The moving average of the tr Σ estimates, bias-corrected like ``mean_g2``: the noise."""
+        return self.trace / (1 - self.decay ** self.steps) if self.steps else float("nan")
+
+    @property
     def noise_scale(self) -> float:
         """B_simple from the averages (their bias corrections cancel in the ratio); NaN before
         the first step or while the |G|² average is not positive."""

@@ -76,6 +76,22 @@ def accumulated_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch
     return _take_gradients(model)
 
 
+def train_step(model, optimizer, micro_batches, max_norm: float = 1.0) -> torch.Tensor:
+    """One optimizer step of plain gradient accumulation on one GPU, as chapter 05's "In your
+    training script" prints it (tests/test_checkpointing.py keeps the two the same): each
+    micro-batch's mean loss over k, gradients summed in ``.grad``, then clipping, the step and
+    the reset once, at the boundary. ``micro_batches``: [(inputs, targets), ...] of equal size.
+    Returns the gradient norm before clipping, that of the whole global batch's gradient."""
+    k = len(micro_batches)
+    for x, y in micro_batches:
+        loss = model(x, y)[1]                    # this micro-batch's mean loss
+        (loss / k).backward()                    # .grad += its share of the gradient
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)   # once, on the sum
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
 def full_batch_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                          loss_fn=None) -> dict[str, torch.Tensor]:
     """The reference: one forward and backward over the whole batch."""
@@ -211,3 +227,24 @@ def batchnorm_example(micro_batches: int = 2, norm: str = "batch", batch: int = 
     accumulated = accumulated_gradients(model, x, y, micro_batches, mse)
     return {"max |difference|": max_abs_difference(accumulated, reference),
             "largest gradient": max(g.abs().max().item() for g in reference.values())}
+
+
+def clipping_at_the_boundary_example(config: GPTConfig = SMALL_GPT, seq_len: int = 32,
+                                     micro_batches: int = 4, seed: int = 0) -> dict:
+    """``train_step`` against one step on the whole batch (the same model, SGD): the gradient
+    norm that ``clip_grad_norm_`` sees, and the largest difference between the two models'
+    weights after the step. Both agree up to float rounding: clipping at the boundary clips the
+    global batch's gradient. Returns ``norm, accumulated``, ``norm, whole batch`` and
+    ``max |weight difference|``."""
+    check_positive_integers(micro_batches=micro_batches, seq_len=seq_len)
+    idx, targets = padded_batch(config, [seq_len] * (2 * micro_batches), seq_len, seed)
+    models, norms = [], []
+    for parts in (micro_batches, 1):
+        torch.manual_seed(seed)
+        model = GPT(config)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        norms.append(train_step(model, optimizer, list(zip(_split(idx, parts), _split(targets, parts))),
+                                max_norm=0.1).item())
+        models.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    return {"norm, accumulated": norms[0], "norm, whole batch": norms[1],
+            "max |weight difference|": (models[0] - models[1]).abs().max().item()}

@@ -30,12 +30,15 @@ from gpulab.checkpointing.accumulation import (IGNORE_INDEX, SMALL_GPT, full_bat
 from gpulab.models import GPT
 
 
-def accumulate(model, micro_batches, world_size: int) -> torch.Tensor:
+def accumulate(model, micro_batches, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward over one optimizer step's micro-batches [(inputs, targets), ...] of
     this rank, leaving the global batch's mean-token-loss gradient in ``.grad`` (DDP-wrapped
-    ``model``). Returns the valid tokens of the global batch. The optimizer step is the caller's."""
-    # The lines chapter 05 prints (tests/test_checkpointing.py keeps the two the same); -100 is
-    # IGNORE_INDEX, F.cross_entropy's default ignore_index.
+    ``model``). Returns the valid tokens of the global batch and this rank's summed token loss
+    (detached, for the log: all-reduce it and divide by the first to print the global batch's
+    mean loss, as chapter 06's script does). The optimizer step is the caller's."""
+    # The lines chapter 05 prints (tests/test_checkpointing.py keeps the two the same, but for
+    # the lines marked "for the log"); -100 is IGNORE_INDEX, F.cross_entropy's default.
+    summed = 0                                                   # for the log
     n_valid = sum((y != -100).sum() for _, y in micro_batches)   # this rank's valid tokens
     dist.all_reduce(n_valid)                                     # ... of every rank
     for i, (x, y) in enumerate(micro_batches):
@@ -44,7 +47,8 @@ def accumulate(model, micro_batches, world_size: int) -> torch.Tensor:
             logits, _ = model(x)
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum")
             (loss * world_size / n_valid).backward()             # DDP averages: undo it
-    return n_valid
+            summed = summed + loss.detach()                      # for the log
+    return n_valid, summed
 
 
 def _first_attempt(model, micro_batches) -> None:

@@ -345,6 +345,39 @@ def show(state: str, message: str) -> None:
     display_bundle({"text/html": box, "text/plain": text})
 
 
+# --------------------------------------------------------------------------------------------
+# Remembering what was shown, for the learner's tally at the end of a chapter
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a check showed: its state (right, wrong, unanswered, recorded) and the id of the
+    notebook cell that showed it (None outside JupyterLab)."""
+
+    state: str
+    cell_id: str | None = None
+
+
+# The last verdict each item showed in this kernel, by item id: what gpulab.course.progress's
+# tally reads. (A saved notebook holds the same as each check cell's output: the box's class.)
+shown: dict[str, Verdict] = {}
+
+
+def _running_cell_id() -> str | None:
+    """The id of the cell being run: JupyterLab sends it with each execute request."""
+    try:
+        from IPython import get_ipython
+
+        return get_ipython().kernel.get_parent()["metadata"].get("cellId")
+    except Exception:   # plain Python, a kernel without the request's metadata
+        return None
+
+
+def _show_verdict(item_id: str, state: str, message: str) -> None:
+    shown[item_id] = Verdict(state, _running_cell_id())
+    show(state, message)
+
+
 def _strict() -> bool:
     """Raise on a wrong or unanswered item: nbgrader's Validate, or a build that must fail."""
     return os.environ.get("NBGRADER_EXECUTION") == "validate" or os.environ.get(STRICT_ENV) == "1"
@@ -368,10 +401,10 @@ def check(item_id: str, answer) -> None:
         if "error" in record:
             if _strict():
                 raise WrongAnswer(record["error"])
-            show("unanswered" if answer is Ellipsis else "wrong", record["error"])
+            _show_verdict(item_id, "unanswered" if answer is Ellipsis else "wrong", record["error"])
             return
-        show("recorded", f"{item_id}: answer recorded. This release has no self-checks: your "
-                         "instructor grades it.")
+        _show_verdict(item_id, "recorded", f"{item_id}: answer recorded. This release has no "
+                                           "self-checks: your instructor grades it.")
         return
     if item_id not in key:
         raise KeyError(f"{item_id} is not in chapter {chapter_of(item_id)}'s answer key")
@@ -380,6 +413,6 @@ def check(item_id: str, answer) -> None:
     except WrongAnswer as wrong:
         if _strict():
             raise
-        show("unanswered" if answer is Ellipsis else "wrong", str(wrong))
+        _show_verdict(item_id, "unanswered" if answer is Ellipsis else "wrong", str(wrong))
         return
-    show("right", verdict)
+    _show_verdict(item_id, "right", verdict)

@@ -1,121 +1,131 @@
 """The course's knobs under each tool's name, and the bookkeeping each tool does with them
 (chapter 09, "The same knobs in the tools you use"). Imports no framework: answer keys use it.
 
-``KNOBS`` is the side-by-side table the chapter prints: for each technique, the line in plain
-PyTorch, in Hugging Face Accelerate (``Accelerator(...)`` or ``accelerate config``), in the HF
-Trainer (``TrainingArguments``), in PyTorch Lightning (``Trainer(...)``) and in a DeepSpeed JSON
-config. tests/test_frameworks.py checks every argument named here against the installed versions
-(accelerate 1.15, transformers 5.24, pytorch-lightning 2.6, deepspeed 0.19).
+``KNOBS`` is the side-by-side table the chapter prints, as two narrower tables: the tools where
+the loop is yours (plain PyTorch, Accelerate) and those that run it for you (the HF Trainer,
+Lightning, a DeepSpeed JSON config). Each entry is Markdown, short enough for a table cell; the
+keyword arguments go to ``Accelerator(...)``, ``TrainingArguments(...)`` and Lightning's
+``Trainer(...)``. tests/test_frameworks.py checks the arguments against the installed versions
+(accelerate 1.16, transformers 5.24, pytorch-lightning 2.6, deepspeed 0.19).
 
-The bookkeeping is the same in every tool, with one rounding rule each (checked by running them):
-a rank gets ceil(N / ranks) samples (DistributedSampler pads the dataset to a multiple of the
-ranks, drop_last=False), so ceil(that / micro-batch) batches; with k accumulation steps the
-optimizer steps every k batches AND at the end of the epoch, so ceil(batches / k) times.
+The bookkeeping (checked by running the tools and against their samplers):
+
+- the optimizer steps per epoch are the same in Accelerate, the HF Trainer and Lightning:
+  ceil(N / (b k R)) for N samples, micro-batch b, k accumulation steps and R ranks: every k
+  micro-batches, and once more at the end of the epoch for a last, shorter group;
+- what the last step learns from is not. Lightning (and plain PyTorch) put a
+  ``DistributedSampler`` in front: each rank gets ceil(N / R) samples, and its last micro-batch is
+  smaller when b does not divide that. Accelerate and the HF Trainer (which runs on Accelerate)
+  deal whole batches to the ranks with ``BatchSamplerShard(even_batches=True)``, which fills the
+  last batches with samples from the start of the epoch: every micro-batch is full;
+- and neither is the weight of its gradient: Accelerate and Lightning divide each micro-batch's
+  loss by k, so a last group of r < k micro-batches steps with r/k of its mean gradient; the HF
+  Trainer divides by the group's real length. DeepSpeed's engine steps on a counter and takes no
+  extra step at the end of an epoch (tests and chapter say where each is read).
 """
 
 from __future__ import annotations
 
 import math
-import re
 
 from gpulab.arith import global_batch
 
-# (technique, plain PyTorch, Accelerate, HF Trainer, Lightning, DeepSpeed JSON)
+# (technique, plain PyTorch, Accelerate, HF Trainer, Lightning, DeepSpeed JSON): Markdown cells.
 KNOBS: list[tuple[str, str, str, str, str, str]] = [
-    ("micro-batch per GPU",
-     "DataLoader(batch_size=8)",
-     "DataLoader(batch_size=8), then accelerator.prepare(loader)",
-     "per_device_train_batch_size=8",
-     "DataLoader(batch_size=8) in train_dataloader()",
-     '"train_micro_batch_size_per_gpu": 8'),
-    ("accumulation steps",
-     "loss / k; optimizer.step() every k micro-batches",
-     "Accelerator(gradient_accumulation_steps=4) + with accelerator.accumulate(model)",
-     "gradient_accumulation_steps=4",
-     "Trainer(accumulate_grad_batches=4)",
-     '"gradient_accumulation_steps": 4'),
-    ("global batch",
-     "micro x k x ranks (you compute it)",
-     "loader.total_batch_size x accelerator.gradient_accumulation_steps",
-     'logged: "Total train batch size (w. parallel, distributed & accumulation)"',
-     "world_size x accumulate_grad_batches x batch_size (you compute it)",
-     '"train_batch_size": 256 (must equal micro x k x ranks)'),
-    ("precision",
-     'torch.autocast("cuda", dtype=torch.bfloat16)',
-     'Accelerator(mixed_precision="bf16")  ("fp16", "fp8")',
-     "bf16=True  (fp16=True)",
-     'Trainer(precision="bf16-mixed")  ("16-mixed", "bf16-true", "32-true")',
-     '"bf16": {"enabled": true}  ("fp16": {"enabled": true, "loss_scale": 0})'),
-    ("activation checkpointing",
-     "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
-     "FullyShardedDataParallelPlugin(activation_checkpointing=True), else in the model",
-     "gradient_checkpointing=True (models with gradient_checkpointing_enable)",
-     "FSDPStrategy(activation_checkpointing_policy={Block}), else in the model",
-     '"activation_checkpointing": {...} (with deepspeed.checkpointing in the model)'),
-    ("data parallel",
-     "torchrun + DistributedDataParallel(model) + DistributedSampler",
-     "accelerate launch --num_processes 8 train.py (prepare wraps in DDP)",
-     "torchrun --nproc_per_node 8 train.py (Trainer wraps in DDP)",
-     'Trainer(devices=8, strategy="ddp")',
-     "deepspeed --num_gpus 8 train.py (the engine all-reduces)"),
-    ("ZeRO stage / FSDP",
-     "fully_shard(block) on each block, then on the model (FSDP2)",
-     "FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True)",
-     'fsdp="full_shard auto_wrap"  or  deepspeed="ds_config.json"',
-     'Trainer(strategy="fsdp")  or  strategy="deepspeed_stage_2"',
-     '"zero_optimization": {"stage": 2}  (3 also shards the weights)'),
-    ("DataLoader workers",
-     "DataLoader(num_workers=4, pin_memory=True)",
-     "DataLoader(num_workers=4, pin_memory=True), then prepare",
-     "dataloader_num_workers=4, dataloader_pin_memory=True",
-     "DataLoader(num_workers=4) in train_dataloader()",
-     "deepspeed.initialize(training_data=...) builds its own loader"),
-    ("compile",
-     "model = torch.compile(model)",
-     'Accelerator(dynamo_backend="inductor")',
-     "torch_compile=True",
-     "model = torch.compile(model) before trainer.fit(model)",
-     "engine.compile() after deepspeed.initialize"),
-    ("gradient clipping",
-     "clip_grad_norm_(model.parameters(), 1.0)",
-     "accelerator.clip_grad_norm_(model.parameters(), 1.0)",
-     "max_grad_norm=1.0",
-     "Trainer(gradient_clip_val=1.0)",
-     '"gradient_clipping": 1.0'),
+    ("micro-batch per GPU", "`DataLoader(batch_size=8)`", "`DataLoader(batch_size=8)`",
+     "`per_device_train_batch_size=8`", "`DataLoader(batch_size=8)`", '`"train_micro_batch_size_per_gpu": 8`'),
+    ("accumulation steps", "`loss / 4`, step every 4", "`gradient_accumulation_steps=4`",
+     "`gradient_accumulation_steps=4`", "`accumulate_grad_batches=4`", '`"gradient_accumulation_steps": 4`'),
+    ("global batch", "you compute it", "you compute it", 'logged as "Total train batch size"',
+     "you compute it", '`"train_batch_size": 256`'),
+    ("precision", '`torch.autocast("cuda", torch.bfloat16)`', '`mixed_precision="bf16"`', "`bf16=True`",
+     '`precision="bf16-mixed"`', '`"bf16": {"enabled": true}`'),
+    ("activation checkpointing", "`checkpoint(block, x)`", "in the model", "`gradient_checkpointing=True`",
+     "in the model", '`"activation_checkpointing"`'),
+    ("data parallel", "`torchrun` + `DDP(model)`", "`accelerate launch`", "`torchrun`",
+     '`devices=8, strategy="ddp"`', "the `deepspeed` launcher"),
+    ("ZeRO / FSDP", "`fully_shard(model)`", "`fsdp_plugin=...`", '`fsdp="full_shard auto_wrap"`', '`strategy="fsdp"`',
+     '`"zero_optimization": {"stage": 2}`'),
+    ("DataLoader workers", "`DataLoader(num_workers=4)`", "`DataLoader(num_workers=4)`",
+     "`dataloader_num_workers=4`", "`DataLoader(num_workers=4)`", "its own loader"),
+    ("compile", "`torch.compile(model)`", '`dynamo_backend="inductor"`', "`torch_compile=True`",
+     "`torch.compile(model)`", "`engine.compile()`"),
+    ("gradient clipping", "`clip_grad_norm_(params, 1.0)`", "`accelerator.clip_grad_norm_(params, 1.0)`",
+     "`max_grad_norm=1.0`", "`gradient_clip_val=1.0`", '`"gradient_clipping": 1.0`'),
 ]
 TOOLS = ("plain PyTorch", "Accelerate", "HF Trainer", "Lightning", "DeepSpeed JSON")
+YOUR_LOOP = ("plain PyTorch", "Accelerate")                 # you write the loop
+TOOL_LOOP = ("HF Trainer", "Lightning", "DeepSpeed JSON")   # the tool runs it (DeepSpeed: the step)
+HEADINGS = {"plain PyTorch": "plain PyTorch", "Accelerate": "Accelerate (`Accelerator(...)`)",
+            "HF Trainer": "HF Trainer (`TrainingArguments(...)`)", "Lightning": "Lightning (`Trainer(...)`)",
+            "DeepSpeed JSON": "DeepSpeed (its JSON config)"}
 
 
-def knobs_markdown() -> str:
-    """``KNOBS`` as a Markdown table, one row per technique."""
-    rows = ["| technique | " + " | ".join(TOOLS) + " |", "|---" * (len(TOOLS) + 1) + "|"]
-    for technique, *lines in KNOBS:
-        cells = [f"`{line}`" if re.search(r'\w\(|=|": ', line) else line for line in lines]
-        rows.append(f"| {technique} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+def knobs_markdown(tools: tuple[str, ...] = TOOLS) -> str:
+    """``KNOBS`` as a Markdown table, one row per technique, a column for each of ``tools``."""
+    columns = [TOOLS.index(tool) for tool in tools]
+    rows = ["| knob | " + " | ".join(HEADINGS[tool] for tool in tools) + " |", "|---" * (len(tools) + 1) + "|"]
+    for technique, *cells in KNOBS:
+        rows.append(f"| {technique} | " + " | ".join(cells[i].replace("|", "\\|") for i in columns) + " |")
     return "\n".join(rows)
 
 
 def samples_per_rank(dataset_size: int, ranks: int) -> int:
-    """Samples a rank sees per epoch: DistributedSampler (drop_last=False, the default in every
-    tool) pads the dataset with repeated samples up to a multiple of ``ranks``."""
+    """Samples a rank sees per epoch behind a ``DistributedSampler`` (Lightning, plain PyTorch;
+    drop_last=False, the default): it pads the dataset with repeated samples up to a multiple of
+    ``ranks``, so every rank gets ceil(N / R)."""
     _positive(dataset_size=dataset_size, ranks=ranks)
     return math.ceil(dataset_size / ranks)
 
 
 def batches_per_rank(dataset_size: int, micro_batch: int, ranks: int = 1) -> int:
-    """Micro-batches per rank per epoch: the last one is smaller when they do not divide."""
+    """Micro-batches per rank per epoch, ceil(N / (b R)), in every tool: behind a
+    DistributedSampler ceil(ceil(N / R) / b), the last one smaller when b does not divide; behind
+    Accelerate's even batches ceil(ceil(N / b) / R), all full. For whole numbers the two nested
+    ceilings are equal: both are ceil(N / (b R))."""
     _positive(micro_batch=micro_batch)
     return math.ceil(samples_per_rank(dataset_size, ranks) / micro_batch)
 
 
 def optimizer_steps_per_epoch(dataset_size: int, micro_batch: int, accumulation: int,
                               ranks: int = 1) -> int:
-    """Optimizer steps in one epoch: every ``accumulation`` micro-batches, and once more at the end
-    of the epoch for a last, incomplete group. The same in Accelerate (``accumulate`` syncs at the
-    end of the loader), the HF Trainer ("Num update steps per epoch" = ceil(len(loader) / k)) and
-    Lightning (``ceil(num_training_batches / accumulate_grad_batches)``)."""
+    """Optimizer steps in one epoch, ceil(N / (b k R)): every ``accumulation`` micro-batches, and
+    once more at the end of the epoch for a last, shorter group. The same in Accelerate
+    (``accumulate`` syncs at the end of the loader), the HF Trainer ("Num update steps per epoch"
+    = ceil(len(loader) / k)) and Lightning (``ceil(num_training_batches / accumulate_grad_batches)``).
+    Not in DeepSpeed's engine, which steps every k micro-batches counted across epochs."""
     _positive(accumulation=accumulation)
     return math.ceil(batches_per_rank(dataset_size, micro_batch, ranks) / accumulation)
+
+
+def samples_per_step(dataset_size: int, micro_batch: int, accumulation: int, ranks: int = 1,
+                     even_batches: bool = False) -> list[int]:
+    """The samples (all ranks together) each optimizer step of one epoch learns from.
+
+    ``even_batches=False``: a DistributedSampler gives each rank ceil(N / R) samples (Lightning,
+    plain PyTorch), cut into micro-batches of b, the last one smaller. ``even_batches=True``:
+    Accelerate and the HF Trainer on more than one rank deal whole batches of b round the ranks
+    and fill the last ones from the start of the epoch (``BatchSamplerShard``), so every rank
+    runs ceil(ceil(N / b) / R) full micro-batches. One rank is never filled."""
+    steps = optimizer_steps_per_epoch(dataset_size, micro_batch, accumulation, ranks)
+    if even_batches and ranks > 1:
+        batches = [micro_batch] * batches_per_rank(dataset_size, micro_batch, ranks)
+    else:
+        per_rank = samples_per_rank(dataset_size, ranks)
+        batches = [micro_batch] * (per_rank // micro_batch) + ([per_rank % micro_batch] if per_rank % micro_batch else [])
+    return [ranks * sum(batches[i * accumulation:(i + 1) * accumulation]) for i in range(steps)]
+
+
+def gradient_weights(dataset_size: int, micro_batch: int, accumulation: int, ranks: int = 1,
+                     divide_by_window: bool = False) -> list[float]:
+    """The weight each optimizer step of one epoch gives its micro-batches' mean gradient: 1.0,
+    except that a last group of r < k micro-batches gets r / k where the tool divides every loss
+    by k (Accelerate, Lightning). ``divide_by_window=True``: the HF Trainer, which divides by the
+    group's real length (``current_gradient_accumulation_steps``), always 1.0."""
+    batches = batches_per_rank(dataset_size, micro_batch, ranks)
+    steps = optimizer_steps_per_epoch(dataset_size, micro_batch, accumulation, ranks)
+    last = batches - (steps - 1) * accumulation
+    return [1.0] * (steps - 1) + [1.0 if divide_by_window else last / accumulation]
 
 
 def tokens_per_step(micro_batch: int, accumulation: int, ranks: int, seq_len: int) -> int:

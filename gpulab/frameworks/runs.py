@@ -10,12 +10,20 @@ processes: two of them fit on any machine, one GPU or none, and the bookkeeping 
 
 Every run returns a ``Report``: what the tool itself says (its own attribute names and log
 lines, in ``reported``), and what rank 0 measured at each optimizer step (tokens from all ranks,
-bytes of weights, gradients and optimizer state; ``gpulab.frameworks.tiny_run.StepLog``).
+the weight of the step's mean gradient, bytes of weights, gradients and optimizer state;
+``gpulab.frameworks.tiny_run.StepLog``). The code each rank runs is ``accelerate_rank``,
+``LitCourseGPT`` with ``run_lightning``, and ``trainer_rank``: the chapter prints it.
+
+Two harmless logs are switched off where they start, with each library's own switch: DeepSpeed's
+"Setting accelerator to CPU" warning (``DS_ACCELERATOR=cpu``, set only where DeepSpeed would
+fall back to the CPU anyway) and Lightning's "Initializing distributed: GLOBAL_RANK ..." banner
+(the ``lightning_fabric`` logger, at WARNING during a run).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import json
 import logging
@@ -28,9 +36,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")            # nothing here downloads
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+import torch                                             # noqa: E402
+
+# DeepSpeed picks CUDA when torch sees a GPU and otherwise warns, on import, that it falls back
+# to the CPU (deepspeed/accelerator/real_accelerator.py). Naming the CPU, only in that case,
+# is its documented override: the same choice, without the warning.
+if not (torch.cuda.device_count() > 0 and torch.cuda.is_available()):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
 import deepspeed  # noqa: E402,F401  the HF Trainer imports it when installed: once here, not in each forked rank
 import pytorch_lightning as pl                           # noqa: E402
-import torch                                             # noqa: E402
 from accelerate import Accelerator, notebook_launcher    # noqa: E402
 from accelerate.state import AcceleratorState           # noqa: E402
 from pytorch_lightning.utilities.model_summary import ModelSummary  # noqa: E402
@@ -67,10 +82,22 @@ class Report:
     global_batch: int                    # as the tool states it, or computes from its attributes
     optimizer_steps: int
     tokens_per_step: list[int]           # measured: tokens of all ranks between optimizer steps
+    gradient_weights: list[float]        # measured: the weight of each step's mean gradient (1.0 = the mean)
     state_bytes: dict[str, int]          # measured on rank 0: params, grads, optimizer
     weights_dtype: str
     compute_dtypes: list[str]
     output: str = field(default="", repr=False)     # what the run printed
+
+
+def code_markdown() -> str:
+    """The code each tool's ranks run in the chapter's experiments, as Markdown (a fenced code
+    block per function, under a line saying what it is): the chapter prints it before it runs."""
+    shown = [("Accelerate: your loop", accelerate_rank),
+             ("Lightning: a LightningModule, and the Trainer that runs it", LitCourseGPT),
+             ("", run_lightning),
+             ("HF Trainer: TrainingArguments and a Trainer", trainer_rank)]
+    return "\n\n".join((f"**{title}** (`runs.{code.__name__}`)\n\n" if title else "")
+                       + f"```python\n{inspect.getsource(code)}```" for title, code in shown)
 
 
 def run(tool: str, settings: Settings = Settings()) -> Report:
@@ -83,7 +110,7 @@ def run(tool: str, settings: Settings = Settings()) -> Report:
 # Accelerate: your loop, its Accelerator
 
 
-def _accelerate_rank(settings: Settings, out: str) -> None:
+def accelerate_rank(settings: Settings, out: str) -> None:
     accelerator = Accelerator(cpu=True, mixed_precision=ACCELERATE_PRECISION[settings.precision],
                               gradient_accumulation_steps=settings.accumulation)
     model = CourseGPT()
@@ -113,7 +140,7 @@ def _accelerate_rank(settings: Settings, out: str) -> None:
 def run_accelerate(settings: Settings = Settings()) -> Report:
     with _workspace() as out, _captured() as printed:
         _forget_accelerate_state()                 # the launcher refuses a kernel that made one
-        notebook_launcher(_accelerate_rank, args=(settings, out), num_processes=settings.ranks,
+        notebook_launcher(accelerate_rank, args=(settings, out), num_processes=settings.ranks,
                           use_port=str(free_port()))
         _forget_accelerate_state()
         return _load("Accelerate", settings, out, printed)
@@ -179,7 +206,7 @@ class _LogSteps(TrainerCallback):
         self.log.optimizer_stepped(model, optimizer)   # after optimizer.step(), before zero_grad
 
 
-def _trainer_rank(settings: Settings, out: str) -> None:
+def trainer_rank(settings: Settings, out: str) -> None:
     lines, logger = _LogLines(), logging.getLogger("transformers.trainer")
     logger.addHandler(lines)
     logger.setLevel(logging.INFO)
@@ -204,7 +231,7 @@ def _trainer_rank(settings: Settings, out: str) -> None:
 def run_hf_trainer(settings: Settings = Settings()) -> Report:
     with _workspace() as out, _captured() as printed:
         _forget_accelerate_state()
-        notebook_launcher(_trainer_rank, args=(settings, out), num_processes=settings.ranks,
+        notebook_launcher(trainer_rank, args=(settings, out), num_processes=settings.ranks,
                           use_port=str(free_port()))
         _forget_accelerate_state()
         return _load("HF Trainer", settings, out, printed)
@@ -245,15 +272,21 @@ def _workspace():
 def _captured():
     """The run's chatter (banners, summaries, tips) into ``Report.output``, not the notebook."""
     printed = io.StringIO()
-    lightning = logging.getLogger("pytorch_lightning")     # "GPU available: False", tips
-    level, lightning.level = lightning.level, logging.WARNING
+    # "GPU available: False" and tips (pytorch_lightning); each rank's "Initializing distributed:
+    # GLOBAL_RANK: 0, MEMBER: 1/2" (lightning_fabric, whose own handler writes to stderr). The
+    # forked ranks inherit these levels.
+    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning_fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield printed
     finally:
-        lightning.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _forget_accelerate_state() -> None:

@@ -16,7 +16,9 @@ Each function here answers one question a person asks in front of a failed or sl
   image is available", is ``gpulab.device.health.kernel_image_available``.)
 - *When did my loss go bad?* ``first_nonfinite`` and ``steps_to_overflow``.
 - *Will my DataLoader's workers fit in /dev/shm?* ``shm_bytes_needed``.
-- *What does a hung collective look like?* ``missing_rank`` makes one, for real, on a CPU.
+- *What does a hung collective look like?* ``missing_rank`` makes one, for real, on a CPU, and
+  ``missing_rank_at_barrier`` names the missing rank with ``monitored_barrier``.
+- *What does torchrun learn when a rank fails?* ``recorded_error`` writes ``@record``'s error file.
 
 Everything is a pure function of its arguments: the chapter's quizzes, its answer key and the
 tests call the same code. GB = 10^9 bytes, GiB = 2^30 bytes throughout.
@@ -292,24 +294,17 @@ def cuda_error_message(error_name: str, launch_blocking: bool = False) -> str:
 # ----------------------------------------------------------------------------- a hung collective
 
 
-def missing_rank(timeout_seconds: float = 1.0, while_waiting=None) -> tuple[float, str]:
-    """A collective that one rank never joins, made for real on a CPU: two gloo ranks of one
-    group (two threads of this process, on 127.0.0.1), rank 0 calls ``all_reduce``, rank 1 never
-    does. Rank 0 waits for the group's timeout and raises. Returns (seconds it waited, the error
-    text). With NCCL on GPUs the same wait ends at ``init_process_group(timeout=...)`` (10 min by
-    default for NCCL), when the watchdog aborts the job (TORCH_NCCL_ASYNC_ERROR_HANDLING).
-    ``while_waiting``: called from another thread a quarter of the timeout into the wait (e.g.
-    ``faulthandler.dump_traceback``: what a hung rank's stack looks like)."""
+def _two_gloo_ranks(timeout_seconds: float) -> dict:
+    """Two gloo ranks of one group, as two threads of this process on 127.0.0.1 (both must
+    connect before any collective): {rank: ProcessGroupGloo}."""
     import datetime
     import threading
-    import time
 
-    import torch
     import torch.distributed as dist
 
     gloo, store, groups = dist.ProcessGroupGloo, dist.HashStore(), {}
 
-    def join(rank: int) -> None:           # both ranks must connect before any collective
+    def join(rank: int) -> None:
         options = gloo._Options()
         options._devices = [gloo.create_device(hostname="127.0.0.1")]
         options._timeout = datetime.timedelta(seconds=timeout_seconds)
@@ -320,6 +315,24 @@ def missing_rank(timeout_seconds: float = 1.0, while_waiting=None) -> tuple[floa
         thread.start()
     for thread in ranks:
         thread.join()
+    return groups
+
+
+def missing_rank(timeout_seconds: float = 1.0, while_waiting=None) -> tuple[float, str]:
+    """A collective that one rank never joins, made for real on a CPU: two gloo ranks of one
+    group (two threads of this process), rank 0 calls ``all_reduce``, rank 1 never does. Rank 0
+    waits for the group's timeout and raises. Returns (seconds it waited, the error text). A gloo
+    collective waits in the call; an NCCL one returns at once and the rank waits at its next
+    synchronising call, until ``init_process_group(timeout=...)`` (10 min by default for NCCL),
+    when the watchdog ends the process (TORCH_NCCL_ASYNC_ERROR_HANDLING).
+    ``while_waiting``: called from another thread a quarter of the timeout into the wait (e.g.
+    ``faulthandler.dump_traceback``: what a hung rank's stack looks like)."""
+    import threading
+    import time
+
+    import torch
+
+    groups = _two_gloo_ranks(timeout_seconds)
     if while_waiting is not None:
         threading.Timer(timeout_seconds / 4, while_waiting).start()
     start = time.perf_counter()
@@ -328,6 +341,67 @@ def missing_rank(timeout_seconds: float = 1.0, while_waiting=None) -> tuple[floa
     except RuntimeError as error:
         return time.perf_counter() - start, str(error)
     raise AssertionError("the all_reduce finished without its second rank")
+
+
+def missing_rank_at_barrier(timeout_seconds: float = 1.0) -> tuple[float, str, str]:
+    """``monitored_barrier`` with a rank that never arrives, for real on a CPU: rank 0 of two gloo
+    ranks waits at the barrier, rank 1 never comes, and rank 0 raises with the missing ranks'
+    numbers (``wait_all_ranks=True``). gloo only: a job on NCCL makes a gloo group for it
+    (``dist.new_group(backend="gloo")``). Returns (seconds waited, the error text, what gloo's C++
+    code logged to stderr meanwhile, captured here so that it reads as output, not an error)."""
+    import datetime
+    import os
+    import tempfile
+    import time
+
+    groups = _two_gloo_ranks(timeout_seconds)
+    with tempfile.TemporaryFile("w+") as log:
+        saved = os.dup(2)                                  # gloo's C++ logs write to fd 2 itself
+        os.dup2(log.fileno(), 2)
+        start = time.perf_counter()
+        try:
+            groups[0].monitored_barrier(datetime.timedelta(seconds=timeout_seconds),
+                                        wait_all_ranks=True)
+        except RuntimeError as error:
+            waited, message = time.perf_counter() - start, str(error)
+        else:
+            raise AssertionError("the barrier passed without its second rank")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        return waited, message, log.read()
+
+
+def recorded_error(error: Exception) -> dict:
+    """What torchrun's ``@record`` writes when the function it decorates raises ``error``: the
+    JSON error file (``TORCHELASTIC_ERROR_FILE``, which torchrun sets for each rank and reads
+    to print the first failure), here in a temporary folder of its own, removed afterwards. The
+    error is raised, recorded and caught; the environment is left as it was."""
+    import json
+    import os
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    @record
+    def main():
+        raise error
+
+    before = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    with tempfile.TemporaryDirectory(prefix="gpulab-ch08-") as folder:
+        path = os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(folder, "error.json")
+        try:
+            main()
+        except type(error):
+            pass
+        finally:
+            if before is None:
+                del os.environ["TORCHELASTIC_ERROR_FILE"]
+            else:
+                os.environ["TORCHELASTIC_ERROR_FILE"] = before
+        with open(path) as file:
+            return json.load(file)
 
 
 # ----------------------------------------------------------------------------- NaN, /dev/shm

@@ -17,8 +17,10 @@ is chapter 06's FSDP2 recipe (bf16 compute, fp32 reduction, accumulation without
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -169,67 +171,137 @@ def train_one_process(steps: int = 10, batch: int = 16, seq_len: int = 64, lr: f
     return _flat_params(model)
 
 
-def fsdp2_mixed_precision_step(idx: torch.Tensor, mesh, micro_batches: int = 4) -> dict:
+@contextlib.contextmanager
+def harmless_fsdp2_warnings_silenced():
+    """Two UserWarnings these workers would print on every rank, silenced inside this block only.
+    The GPT's logits are a view of the head's output, which FSDP2 flags in case something modifies
+    them in place (nothing here does); CommDebugMode's module tracker registers full backward
+    hooks on modules whose inputs need no gradient (token ids), which torch notes in backward."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+        warnings.filterwarnings("ignore", message=r"Full backward hook is firing")
+        yield
+
+
+def fsdp2_mixed_precision_step(inputs: torch.Tensor, targets: torch.Tensor, mesh,
+                               micro_batches: int = 4, keep_gathered: bool = False) -> dict:
     """One optimizer step of FSDP2 with bf16 compute, fp32 gradient reduction and accumulation
     without communication: the lines of chapter 06's "In your training script", plus the lines
-    that look (marked). ``idx``: this rank's batch, split into ``micro_batches``.
+    that look (marked). ``inputs`` and ``targets`` (the next token of each input): this rank's
+    batch, split into ``micro_batches``.
 
     ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: each unit's parameters are
     all-gathered and computed with in bf16, the gradients reduce-scattered in fp32, and the
     optimizer steps the fp32 shards, which are the master weights (no extra copy: PyTorch docs,
     ``MixedPrecisionPolicy``). ``set_requires_gradient_sync(False)`` skips the reduce-scatter
     (FSDP1's ``no_sync``); the unsharded gradients then accumulate on each rank, in
-    ``reduce_dtype``, until the micro-batch that syncs. ``reshard_after_forward`` is left at its
-    default, None in torch 2.13: True for the blocks (gathered again in backward: ZeRO-3), False
-    for the root, whose parameters backward needs first. Returns what each rank saw."""
+    ``reduce_dtype``, until the micro-batch that syncs. It does not skip the all-gathers: with
+    ``reshard_after_forward`` at its default (None in torch 2.13: True for the blocks, False
+    for the root, whose parameters backward needs first) every micro-batch gathers every unit
+    in forward and every block again in backward. ``keep_gathered=True`` adds
+    ``set_reshard_after_backward(False)`` until the last micro-batch: the parameters stay
+    gathered from one micro-batch's backward to the next one's forward (more memory, fewer
+    all-gathers; ``FSDPModule.set_reshard_after_backward``, torch 2.13). The collectives of each
+    micro-batch are counted with ``torch.distributed.tensor.debug.CommDebugMode``.
+    Returns what each rank saw."""
+    with harmless_fsdp2_warnings_silenced():
+        return _fsdp2_step(inputs, targets, mesh, micro_batches, keep_gathered)
+
+
+def _fsdp2_step(inputs, targets, mesh, micro_batches: int, keep_gathered: bool) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import CommDebugMode
 
-    model = seeded_gpt(idx.device)
+    model = seeded_gpt(inputs.device)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)   # steps the fp32 shards
 
-    seen = {"compute dtype": set()}                                   # looking
+    seen = {"compute dtype": set(), "all-gathers": [], "reduce-scatters": []}   # looking
     model.blocks[0].mlp.c_fc.register_forward_pre_hook(
         lambda module, args: seen["compute dtype"].add(str(module.weight.dtype)))
-    parts = idx.split(len(idx) // micro_batches)
-    for i, x in enumerate(parts):
-        model.set_requires_gradient_sync(i == len(parts) - 1)        # reduce-scatter at the end
-        loss = model(x, x)[1]
-        if i == 0:                                                    # looking: after forward,
-            seen["block sharded after forward"] = isinstance(model.blocks[0].mlp.c_fc.weight, DTensor)
-            seen["root sharded after forward"] = isinstance(model.wte.weight, DTensor)
-        (loss / len(parts)).backward()
-        if i == len(parts) - 2:                                       # looking: nothing reduced yet
+    rows = len(inputs) // micro_batches
+    parts = list(zip(inputs.split(rows), targets.split(rows)))
+    for i, (x, y) in enumerate(parts):
+        last = i == len(parts) - 1
+        model.set_requires_gradient_sync(last)                      # reduce-scatter at the end
+        if keep_gathered:
+            model.set_reshard_after_backward(last)                  # gathered until then
+        with CommDebugMode() as comm:                               # looking: count collectives
+            loss = model(x, y)[1]
+            if i == 0:                                              # looking: after forward,
+                seen["block sharded after forward"] = isinstance(model.blocks[0].mlp.c_fc.weight,
+                                                                 DTensor)
+                seen["root sharded after forward"] = isinstance(model.wte.weight, DTensor)
+            (loss / len(parts)).backward()
+        counts = {str(op): n for op, n in comm.get_comm_counts().items()}
+        seen["all-gathers"].append(counts.get("c10d._allgather_base_", 0))
+        seen["reduce-scatters"].append(counts.get("c10d._reduce_scatter_base_", 0))
+        if i == len(parts) - 2:                                     # looking: nothing reduced yet
             seen["gradients before the last micro-batch"] = sum(p.grad is not None
                                                                 for p in model.parameters())
     seen["gradients after it"] = sum(p.grad is not None for p in model.parameters())
     seen["gradient dtype"] = sorted({str(p.grad.dtype) for p in model.parameters()})
     seen["parameter dtype"] = sorted({str(p.dtype) for p in model.parameters()})
+    seen["gradient sum of this rank's shards"] = sum(p.grad.to_local().double().sum().item()
+                                                     for p in model.parameters())
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     seen["compute dtype"] = sorted(seen["compute dtype"])
     seen["parameter tensors"] = len(list(model.parameters()))
+    seen["units"] = 1 + len(model.blocks)                           # the root and each block
     return seen
+
+
+def save_sharded(model, optimizer, folder) -> None:
+    """Save an FSDP2 model and its optimizer: every rank writes its own shards, in parallel, to
+    ``folder`` (torch.distributed.checkpoint). ``get_state_dict`` names each tensor as in the
+    unsharded model, so the checkpoint loads on any number of ranks. Chapter 06, section 7."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+
+
+def load_sharded(model, optimizer, folder) -> None:
+    """The other way: each rank reads the shards it holds from ``folder`` into ``model`` (already
+    sharded with ``fully_shard``) and ``optimizer``, in place."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=folder)                  # fills the tensors in place
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+
+
+def next_token_batch(rows: int, seq_len: int, seed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token sequences as (inputs, targets), each target the token after its input, as
+    a language model trains: ``rows`` sequences of ``seq_len`` tokens, seeded."""
+    tokens = torch.randint(0, CONFIG.vocab_size, (rows, seq_len + 1),
+                           generator=torch.Generator().manual_seed(seed))
+    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
 
 
 def sharded_state(rank: int, world_size: int) -> dict:
     """Worker: what each rank holds when the optimizer state (ZeroRedundancyOptimizer, ZeRO
     stage 1) or the parameters (FSDP2 ``fully_shard``, ZeRO stage 3) are sharded. Counts
     elements, after one training step so that Adam's state exists. Then, in the same process
-    group, ``fsdp2_mixed_precision_step`` (under "fsdp2 recipe")."""
+    group, ``fsdp2_mixed_precision_step`` with the default resharding (under "fsdp2 recipe") and
+    with the parameters kept gathered between micro-batches ("fsdp2 recipe, kept gathered")."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     device = worker_device(rank)
-    idx = torch.randint(0, CONFIG.vocab_size, (2, 32),
-                        generator=torch.Generator().manual_seed(rank)).to(device)
+    x, y = next_token_batch(2, 32, seed=rank, device=device)
     model = seeded_gpt(device)
     zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
-    model(idx, idx)[1].backward()
+    model(x, y)[1].backward()
     zero.step()
     state = sum(t.numel() for s in zero.optim.state.values() for t in s.values()
                 if torch.is_tensor(t) and t.dim() > 0)   # exp_avg and exp_avg_sq, not the step count
@@ -240,9 +312,9 @@ def sharded_state(rank: int, world_size: int) -> dict:
         fully_shard(block, mesh=mesh)
     fully_shard(sharded, mesh=mesh)
     local = sum(p.to_local().numel() for p in sharded.parameters())
-    sharded(idx, idx)[1].backward()    # forward and backward gather and re-shard each unit
-    recipe = fsdp2_mixed_precision_step(
-        torch.randint(0, CONFIG.vocab_size, (4, 16), generator=torch.Generator().manual_seed(rank)
-                      ).to(device), mesh)
+    with harmless_fsdp2_warnings_silenced():
+        sharded(x, y)[1].backward()    # forward and backward gather and re-shard each unit
+    batch = next_token_batch(4, 16, seed=100 + rank, device=device)
     return {"params": GPT.count_params(CONFIG), "zero_adam_state": state, "fsdp_params": local,
-            "fsdp2 recipe": recipe}
+            "fsdp2 recipe": fsdp2_mixed_precision_step(*batch, mesh),
+            "fsdp2 recipe, kept gathered": fsdp2_mixed_precision_step(*batch, mesh, keep_gathered=True)}

@@ -17,8 +17,9 @@ One module per idea, in the order the chapter meets them:
 - ``gpulab.pipeline.loop``          sections 1-2 and 4: a device step of known duration
                                     (``StandInCompute``), the DataLoader (``make_loader``), and a
                                     loop that measures it (``time_loop`` and its ``LoopTiming``,
-                                    ``load_seconds``, ``handover_seconds``, ``measure_pipeline``,
-                                    ``loading_rate``, ``shutdown``)
+                                    ``load_seconds``, ``worker_load_seconds``, ``free_cores``,
+                                    ``handover_seconds``, ``measure_pipeline``, ``loading_rate``,
+                                    ``shutdown``)
 - ``gpulab.pipeline.copy_overlap``  section 3: a pinned copy on a second stream beside the
                                     compute, measured on a GPU (``copy_compute_overlap``)
 - ``gpulab.pipeline.trace``         section 5: reading a torch.profiler trace (idle share, top
@@ -39,8 +40,9 @@ from gpulab.pipeline.step_model import (bottleneck, compile_break_even_steps, de
 from gpulab.pipeline.datasets import (DecodeDataset, LatencyDataset, RandomAugment, ShardedStream,
                                       Stream, TokenDataset, busy_work, calibrate_rounds,
                                       unsharded_batches)
-from gpulab.pipeline.loop import (LoopTiming, StandInCompute, handover_seconds, load_seconds,
-                                  loading_rate, make_loader, measure_pipeline, shutdown, time_loop)
+from gpulab.pipeline.loop import (LoopTiming, StandInCompute, free_cores, handover_seconds,
+                                  load_seconds, loading_rate, make_loader, measure_pipeline,
+                                  shutdown, time_loop, worker_load_seconds)
 from gpulab.pipeline.copy_overlap import copy_compute_overlap
 from gpulab.pipeline.ladder import LOAD_SHARE, Rung, course_ladder, run_rung
 
@@ -54,7 +56,7 @@ __all__ = [
     "Stream", "unsharded_batches", "ShardedStream", "RandomAugment",
     # the stand-in step and the measured loop (sections 1-2, 4)
     "StandInCompute", "LoopTiming", "shutdown", "time_loop", "load_seconds", "handover_seconds",
-    "make_loader", "measure_pipeline", "loading_rate",
+    "worker_load_seconds", "free_cores", "make_loader", "measure_pipeline", "loading_rate",
     # pinned memory and a second stream (section 3)
     "copy_compute_overlap",
     # the capstone ladder (section 7)

@@ -135,19 +135,21 @@ def unsharded_batches(samples: int, batch_size: int, workers: int) -> int:
 class ShardedStream(IterableDataset):
     """The same stream, each sample read once across every worker of every rank: with W workers
     on each of R ranks there are W x R readers, and reader ``rank * W + worker`` takes every
-    (W x R)-th sample from its own offset. With files, slice the list of files the same way."""
+    (W x R)-th sample from its own offset. With files, slice the list of files the same way.
+    The rank is read when the dataset is made, in the training process: a worker started with
+    spawn or forkserver has no process group, and would read rank 0 there."""
 
     def __init__(self, n: int):
         self.n = n
+        if dist.is_available() and dist.is_initialized():     # in the training process
+            self.rank, self.ranks = dist.get_rank(), dist.get_world_size()
+        else:
+            self.rank, self.ranks = 0, 1
 
-    def __iter__(self):
+    def __iter__(self):                                   # runs in each worker
         info = get_worker_info()                          # None in the main process
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        if dist.is_available() and dist.is_initialized():
-            rank, ranks = dist.get_rank(), dist.get_world_size()
-        else:
-            rank, ranks = 0, 1
-        reader, readers = rank * workers + worker, ranks * workers
+        reader, readers = self.rank * workers + worker, self.ranks * workers
         for i in range(reader, self.n, readers):
             yield torch.tensor(i)
 

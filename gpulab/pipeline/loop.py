@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from gpulab import measure
 from gpulab.pipeline.datasets import DecodeDataset, LatencyDataset
-from gpulab.pipeline.step_model import _non_negative
+from gpulab.pipeline.step_model import _non_negative, usable_cores
 
 
 # ------------------------------------------------------------------------------------------
@@ -150,6 +150,27 @@ def handover_seconds(dataset: Dataset, batch_size: int, batches: int = 8,
     finally:
         shutdown(iterator)
     return sorted(samples)[len(samples) // 2]
+
+
+def worker_load_seconds(dataset: Dataset, batch_size: int, batches: int = 8) -> float:
+    """Seconds one worker takes per batch of ``dataset``, loading alone: the ``load`` of
+    ``step_model.step_seconds`` as the workers pay it. For CPU-bound data it is the one to use:
+    a worker also collates each batch and moves it into shared memory, and it runs in a process
+    of its own, whose speed on a shared machine need not be the training process's."""
+    return 1 / loading_rate(dataset, batch_size, 1, batches)
+
+
+def free_cores(dataset: Dataset, batch_size: int, cores: int | None = None,
+               batches: int = 8) -> float:
+    """How many cores CPU-bound workers get on this machine now: the rate of ``cores`` workers
+    (by default the usable cores) loading ``dataset`` alone, over the rate of one. On an idle
+    machine about ``cores``; where other processes compete, the share the scheduler leaves to
+    ours (``step_model.step_seconds``'s ``cores``). Use a CPU-bound dataset, such as a
+    ``DecodeDataset``, with samples for ``(batches + 4) * cores`` batches. (A dataset that
+    waits gives ``cores`` on any machine: waiting needs no core.)"""
+    cores = cores or usable_cores()
+    one = loading_rate(dataset, batch_size, 1, batches)
+    return loading_rate(dataset, batch_size, cores, batches * cores) / one
 
 
 def make_loader(dataset: Dataset, batch_size: int, workers: int, pin_memory: bool = False,
