@@ -15,6 +15,8 @@ Its folders follow the course, one per chapter idea, in the order a learner meet
 - ``gpulab.monitoring``     08: a GPU monitor, the classic failures, checkpoint intervals
 - ``gpulab.batch_size``     10: the gradient noise scale, the critical batch, learning-rate
                             scaling and warm-up
+- ``gpulab.capstone``       12: a budget of one's own, a plan as a config, the run that
+                            measures it, the file of runs, what grading trusts
 - ``gpulab.gpu_share``      a workshop learner's GPU memory cap, applied when torch is imported
 - ``gpulab.course``         the course's machinery: quiz checks, per-student numbers,
                             predictions beside measurements, plots, widgets

@@ -850,6 +850,193 @@ def test_the_banner_gives_the_room_an_address_it_can_reach(room):
     assert not socket.gethostbyname(address).startswith("127."), address
 
 
+# --------------------------------------------------------------------------------------------
+# Chapter 12's leaderboard in the room (issue 39): three learners run their plans in their own
+# kernels, a fourth forges a result file, and the board ranks them by its own measurement.
+# (In the room fixture's hub; placed before the test that stops it.)
+
+CAPSTONE = "12_capstone"
+# Learners whose servers and sign-ins the rest of the room leaves alone (6's server is stopped,
+# 4's name is locked by a guesser, 9 probes the hub's port).
+FAST, SLOW, OVER, FORGER = learner(2), learner(5), learner(8), learner(0)
+BOARD_LEARNERS = {FAST: "micro_batch=6 accumulation=4 workers=3",          # hides the loading
+                  SLOW: "micro_batch=6 accumulation=4",                    # waits for every batch
+                  OVER: "micro_batch=24 accumulation=1"}                   # the naive run: over
+CAPSTONE_RUN = """
+import json, os
+from gpulab.capstone import budget, plan, results, run
+measured = run.measure_in_fresh_process(plan.Plan.parse(%r), budget.CANONICAL, steps=2)
+done = results.record(measured, os.path.expanduser("~/course/12_capstone"))
+print(json.dumps({"in_budget": done.in_budget, "speedup": done.speedup}))
+"""
+FORGERY = """
+import json, os
+line = json.loads(%r)
+lines = [dict(line, speedup=99.0),                                     # a slow plan, "99x"
+         dict(line, speedup=50.0, device="<script>document.title='pwned'</script>"
+              "<img src=x onerror=\\"document.title='pwned'\\">"),
+         dict(line, plan="<img src=x onerror=alert(1)>", speedup=98.0)]     # no plan: refused
+with open(os.path.expanduser("~/course/12_capstone/capstone-runs.jsonl"), "w") as f:
+    f.write("\\n".join(json.dumps(l) for l in lines) + "\\n")
+print("forged")
+"""
+
+
+def forged_line(plan_text: str) -> str:
+    """A result line as a run writes it, for the forger to edit."""
+    from gpulab.capstone import results
+    return json.dumps(results.run_of({
+        "plan": plan_text, "budget": "A", "device": "cpu", "peak_bytes": 22 * 2**20,
+        "naive_peak_bytes": 54 * 2**20, "step_s": 1.0, "naive_step_s": 1.0, "tokens_per_s": 1536.0,
+        "naive_tokens_per_s": 1536.0, "speedup": 1.0, "in_budget": True, "why": ""}).__dict__)
+
+
+def board_order(page) -> list[tuple[str, str, str]]:
+    """(learner, rank, verdict) of each row of the board a page shows, top to bottom."""
+    return [tuple(row.locator("td").nth(i).inner_text().strip() for i in (1, 0, 4))
+            for row in page.locator("#board tr[id^=board-]").all()]
+
+
+@pytest.mark.needs_root
+def test_the_room_board_ranks_runs_by_its_own_measurement_in_chromium(room):
+    """Three learners run in their kernels (walls and all); a fourth forges a result file (a
+    slow plan claimed 99x, a script in a field, a plan that is markup). In Chromium the host's
+    page ranks the one who hid the loading first, lists the naive run as over budget, ranks the
+    forger at the slow plan's measured speed, shows none of the forged text and runs none of
+    its script; a learner reaches the board, but not the host's table."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import browser
+    base, env = room["base"], room["env"]
+    browsers = {b.name: b for b in room["browsers"]}
+
+    def capstone_run(name: str) -> dict:
+        b = browsers[name]
+        return output(b.execute(b.start_kernel(path=f"course/{CAPSTONE}"),
+                                CAPSTONE_RUN % BOARD_LEARNERS[name], timeout=600))
+
+    t = time.monotonic()
+    with ThreadPoolExecutor(len(BOARD_LEARNERS)) as pool:
+        ran = dict(zip(BOARD_LEARNERS, pool.map(capstone_run, BOARD_LEARNERS)))
+    forger = browsers[FORGER]
+    forged = forger.execute(forger.start_kernel(), FORGERY % forged_line(BOARD_LEARNERS[SLOW]))
+    assert forged["stdout"].strip() == "forged", forged
+    print(f"capstone runs in three kernels: {time.monotonic() - t:.0f} s", ran)
+    assert ran[FAST]["in_budget"] and ran[SLOW]["in_budget"]
+    assert not ran[OVER]["in_budget"] and ran[OVER]["speedup"] is None
+
+    with browser.chromium() as chromium:
+        host = chromium.new_page(viewport=browser.VIEWPORT)
+        dialogs = []
+        host.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        host.goto(f"{base}/hub/login")
+        host.fill("#username_input", env["WORKSHOP_ADMIN"])
+        host.fill("#password_input", env["WORKSHOP_ADMIN_CODE"])
+        host.click("#login_submit")
+        host.wait_for_url("**/hub/admin", timeout=30_000)
+        deadline = time.monotonic() + 420                   # the board measures two plans
+        while True:
+            host.goto(f"{base}/services/progress/")
+            host.wait_for_selector("#board")
+            order = board_order(host)
+            if not any(verdict == "measuring" for _, _, verdict in order) or time.monotonic() > deadline:
+                break
+            host.wait_for_timeout(5000)
+        print(f"board measured in {time.monotonic() - t:.0f} s since the runs began:", order)
+        names = [name for name, _, _ in order]
+        verdicts = dict((name, verdict) for name, _, verdict in order)
+        assert names[0] == FAST and verdicts[FAST] == "within both budgets", order
+        assert dict((n, r) for n, r, _ in order)[FAST] == "1"
+        assert verdicts[OVER] == "over budget", order
+        assert names.index(OVER) > names.index(FORGER) > 0, order            # not lifted
+        forger_row = host.locator(f"#board-{FORGER}")
+        slow_row = host.locator(f"#board-{SLOW}")
+        assert forger_row.locator("td").nth(2).inner_text() == slow_row.locator("td").nth(2).inner_text()
+        assert "99.00" in forger_row.inner_text() and "refused" in forger_row.inner_text()
+        page_html = host.content()
+        assert "pwned" not in page_html and "onerror" not in page_html and "<img" not in page_html
+        assert host.title() == "Workshop progress" and dialogs == []
+        assert host.evaluate("document.documentElement.scrollWidth") <= browser.VIEWPORT["width"]
+
+        me = chromium.new_page(viewport=browser.VIEWPORT)
+        me.goto(f"{base}/hub/login?next=/services/progress/board")
+        me.fill("#username_input", FAST)
+        me.fill("#password_input", f"pw-{FAST}")
+        me.click("#login_submit")
+        me.wait_for_selector("#board", timeout=60_000)
+        assert [name for name, _, _ in board_order(me)] == names
+        assert me.goto(f"{base}/services/progress/").status == 403    # the host's table is not theirs
+
+
+def test_the_board_trusts_a_result_file_for_a_plan_only(tmp_path):
+    """The pure parts, without a hub: what each learner's folder holds, read as root would."""
+    from gpulab.capstone import budget, results
+    good, slow = BOARD_LEARNERS[FAST], BOARD_LEARNERS[SLOW]
+
+    def home(name: str, lines: list[str] | None = None) -> Path:
+        folder = tmp_path / name / "course" / CAPSTONE
+        folder.mkdir(parents=True)
+        if lines is not None:
+            (folder / results.RESULT_FILE).write_text("\n".join(lines) + "\n")
+        return tmp_path / name
+
+    homes = {"ada": home("ada", [forged_line(good).replace('"speedup": 1.0', '"speedup": 2.0')]),
+             "bob": home("bob", [forged_line(slow)]),
+             "cy": home("cy", [forged_line("micro_batch=24 accumulation=1")]),
+             "dee": home("dee", [forged_line(slow).replace('"speedup": 1.0', '"speedup": 99.0'),
+                                 forged_line(slow).replace('"cpu"', '"<script>alert(1)</script>"'),
+                                 "{not json", forged_line("micro_batch=8 accumulation=1")]),
+             "eve": home("eve"), "fay": home("fay"), "gus": home("gus"), "hal": tmp_path / "hal"}
+    (homes["eve"] / "course" / CAPSTONE / results.RESULT_FILE).symlink_to(
+        homes["ada"] / "course" / CAPSTONE / results.RESULT_FILE)
+    os.mkfifo(homes["fay"] / "course" / CAPSTONE / results.RESULT_FILE)
+    with open(homes["gus"] / "course" / CAPSTONE / results.RESULT_FILE, "w") as f:
+        f.truncate(2 * 10**9)
+    found = {name: progress.learner_runs(path) for name, path in homes.items()}
+    assert found["dee"][1] == 1 and len(found["dee"][0]) == 3        # "{not json" refused
+    assert [found[n][2] for n in ("eve", "fay", "gus", "hal")] == [False] * 4
+    assert progress.learner_runs(homes["ada"], uid=65534) == ([], 0, False)   # not theirs
+
+    measured_here = {plan_text(good): {"in_budget": True, "speedup": 2.5, "peak_bytes": 22 * 2**20},
+                     plan_text(slow): {"in_budget": True, "speedup": 1.1, "peak_bytes": 22 * 2**20},
+                     plan_text("micro_batch=24 accumulation=1"):
+                         {"in_budget": False, "speedup": None, "peak_bytes": 54 * 2**20}}
+    rows = progress.board_rows(found, lambda text, who: measured_here.get(text), budget.CANONICAL)
+    order = [(r["name"], r.get("rank"), r["status"]) for r in rows]
+    assert order[:4] == [("ada", 1, "in budget"), ("bob", 2, "in budget"), ("dee", 3, "in budget"),
+                         ("cy", None, "over budget")], order
+    dee = next(r for r in rows if r["name"] == "dee")
+    assert dee["claimed"] == 99.0 and dee["speedup"] == 1.1 and dee["refused"] == 1
+    assert {r["status"] for r in rows[4:]} == {"no run yet"}
+    pending = progress.board_rows({"ada": found["ada"]}, lambda text, who: None, budget.CANONICAL)
+    assert pending[0]["status"] == "measuring" and "rank" not in pending[0]
+    page = progress.render_board_page(rows, budget.CANONICAL)
+    assert "<script" not in page and "alert" not in page and "99.00" in page
+    assert page.index('id="board-ada"') < page.index('id="board-dee"') < page.index('id="board-cy"')
+
+
+def test_the_board_queues_one_plan_per_learner_at_a_time():
+    """A learner who rewrites their file again and again has one plan waiting, not one per
+    rewrite; a plan another learner waits for stays; a measured plan is not measured again."""
+    from gpulab.capstone import budget
+
+    class Idle(progress.BoardMeasurer):
+        def _work(self):                    # no measuring thread: the queue alone
+            pass
+
+    board = Idle(budget.CANONICAL)
+    assert board("p1", "ada") is None and board("p2", "ada") is None and board("p2", "bob") is None
+    for plan in ("p3", "p4", "p5"):
+        board(plan, "ada")
+    assert board.queue == ["p1", "p2", "p5"] and board.pending == 3
+    board.done["p1"] = {"in_budget": True}
+    assert board("p1", "cy") == {"in_budget": True}
+
+
+def plan_text(text: str) -> str:
+    from gpulab.capstone.plan import Plan
+    return Plan.parse(text).text()
+
+
 @pytest.mark.needs_root
 def test_stopping_removes_every_process_account_and_file(room):
     names = [learner(i) for i in range(N_LEARNERS)]

@@ -121,4 +121,7 @@ c.JupyterHub.load_roles = [
      "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]},
     {"name": "progress", "services": ["progress"],
      "scopes": ["list:users", "read:users", "read:servers"]},
+    # Every learner may open the progress service, for chapter 12's leaderboard at
+    # /services/progress/board; its progress table answers only the admin (workshop/progress.py).
+    {"name": "user", "scopes": ["self", "access:services!service=progress"]},
 ]

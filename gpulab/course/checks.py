@@ -74,6 +74,12 @@ class Item:
 
     ``rel_tol`` is relative (0.01 = 1%); ``abs_tol`` matters only for answers near zero.
     For a choice item give ``choices`` (lower-case strings) and a ``value`` among them.
+
+    An answer that no single value captures (a training plan, which many plans satisfy) names
+    its judge instead: ``judged_by`` is a gpulab function as "module:function", called with
+    the item and the answer, that returns the verdict or raises ``WrongAnswer``; ``judge_args``
+    is what it needs to know (chapter 12's budget name). ``value`` then only describes a right
+    answer. The grader calls the same function outside the learner's kernel.
     """
 
     id: str
@@ -83,10 +89,14 @@ class Item:
     abs_tol: float = 0.0
     mistakes: tuple[Mistake, ...] = ()
     choices: tuple[str, ...] = ()
+    judged_by: str = ""
+    judge_args: str = ""
 
     def __post_init__(self):
         if self.choices and self.value not in self.choices:
             raise ValueError(f"{self.id}: value {self.value!r} is not one of {self.choices}")
+        if self.judged_by and not self.judged_by.startswith("gpulab."):
+            raise ValueError(f"{self.id}: a judge must be a gpulab function, not {self.judged_by!r}")
 
 
 def chapter_of(item_id: str) -> str:
@@ -124,9 +134,15 @@ def _key_file_in(folder: Path, chapter: str) -> Path | None:
     return matches[0] if matches else None
 
 
+# Fields written only when set, so that a key without judged items encodes as it always has.
+_OMITTED_WHEN_EMPTY = ("judged_by", "judge_args")
+
+
 def encode_selfcheck(items: dict[str, Item]) -> str:
     """The self-study release's copy of a key: JSON, compressed, base64 (deterministic)."""
-    data = {k: dataclasses.asdict(v) for k, v in sorted(items.items())}
+    data = {k: {f: x for f, x in dataclasses.asdict(v).items()
+                if f not in _OMITTED_WHEN_EMPTY or x}
+            for k, v in sorted(items.items())}
     packed = zlib.compress(json.dumps(data, sort_keys=True).encode(), 9)
     text = base64.b64encode(packed).decode()
     lines = [text[i : i + 76] for i in range(0, len(text), 76)]
@@ -236,6 +252,8 @@ def _close(a: float, b: float, item: Item) -> bool:
 
 def judge(item: Item, answer) -> str:
     """The verdict message for a right answer; raises WrongAnswer for a wrong one."""
+    if item.judged_by:
+        return _judge_by(item, answer)
     unit = f" {item.unit}" if item.unit else ""
     if item.choices:
         choices = ", ".join(map(repr, item.choices))
@@ -256,6 +274,14 @@ def judge(item: Item, answer) -> str:
     tolerance = "" if item.rel_tol <= 1e-9 else f", within {percent(item.rel_tol)}"
     shown = f"{int(number):,}" if number.is_integer() and abs(number) < 1e15 else f"{number:,.6g}"
     return f"✔ {item.id}: right ({shown}{unit}{tolerance})."
+
+
+def _judge_by(item: Item, answer) -> str:
+    """The verdict of the item's own judge (``Item.judged_by``), a gpulab function."""
+    module_name, _, function = item.judged_by.partition(":")
+    if not module_name.startswith("gpulab.") or not function.isidentifier():
+        raise ValueError(f"{item.id}: a judge must be a gpulab function, not {item.judged_by!r}")
+    return getattr(importlib.import_module(module_name), function)(item, answer)
 
 
 # --------------------------------------------------------------------------------------------
