@@ -23,6 +23,15 @@ def test_every_chapter_is_released():
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.parent.name)
+def test_every_chapter_ends_with_the_learners_tally(path):
+    """The self-study learner's progress (issue 37): the chapter's last cell shows their own tally
+    of this chapter (scripts/add_progress_cell.py adds it; gpulab.course.progress.tally)."""
+    last = nbformat.read(path, as_version=4).cells[-1]
+    assert last.id == "progress-tally" and last.cell_type == "code"
+    assert f'tally("{path.parent.name}")' in last.source
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.parent.name)
 def test_source_metadata_validates(path):
     nb = nbformat.read(path, as_version=4)
     MetadataValidator().validate_nb(nb)  # raises on malformed nbgrader metadata
