@@ -26,14 +26,11 @@ import html
 import json
 import os
 import pwd
-import re
 import signal
 import stat
 import time
 from pathlib import Path
 
-CHECK_CELL = re.compile(r"""^\s*check\(\s*["']([A-Za-z0-9_.-]+)["']""", re.MULTILINE)
-VERDICT = re.compile(r"gpulab-check-(right|wrong|unanswered|recorded)")
 # A learner's folder is read by root, so nothing in it may make the page wait or read elsewhere:
 # only regular files the learner owns, inside ~/course/<chapter>/, opened without following a
 # symlink and without blocking (a FIFO, a device), at most this many bytes each, this many
@@ -89,30 +86,17 @@ def _entries(fd: int) -> list[os.DirEntry]:
 
 def notebook_verdicts(text: bytes) -> dict[str, str]:
     """{item id: "right" | "wrong" | "unanswered" | "recorded" | "not run"} for the check cells of
-    one notebook's JSON; {} when it is not a notebook."""
+    one notebook's JSON (read as the learner's own tally reads it: gpulab.course.progress); {}
+    when it is not a notebook."""
+    from gpulab.course.progress import saved_quizzes
+
     try:
         cells = json.loads(text)["cells"]
     except (ValueError, KeyError, TypeError, RecursionError):
         return {}
     if not isinstance(cells, list):
         return {}
-    verdicts = {}
-    for cell in cells:
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
-        source = cell.get("source", "")
-        source = "".join(source) if isinstance(source, list) else str(source)
-        match = CHECK_CELL.search(source)
-        if not match:
-            continue
-        verdict = "not run"
-        for output in cell.get("outputs") or []:
-            data = output.get("data", {}) if isinstance(output, dict) else {}
-            found = VERDICT.search(str(data.get("text/html", "")))
-            if found:
-                verdict = found.group(1)
-        verdicts[match.group(1)] = verdict
-    return verdicts
+    return {quiz.item: quiz.state for quiz in saved_quizzes(cells)}
 
 
 def learner_progress(home: Path, uid: int | None = None,

@@ -75,7 +75,8 @@ def title_of(cells: list) -> str:
 
 def saved_quizzes(cells: list) -> list[Quiz]:
     """The quizzes of a notebook's cells (its JSON), each with the verdict its check cell showed
-    when it last ran."""
+    when it last ran. Any JSON at all is read without an error: the workshop's progress page
+    reads learners' notebooks with it (workshop/progress.py)."""
     quizzes = []
     for cell in cells:
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
@@ -86,9 +87,10 @@ def saved_quizzes(cells: list) -> list[Quiz]:
         if not match:
             continue
         state = "not run"
-        for output in cell.get("outputs") or []:
-            data = output.get("data", {}) if isinstance(output, dict) else {}
-            box = data.get("text/html", "")
+        outputs = cell.get("outputs")
+        for output in outputs if isinstance(outputs, list) else []:
+            data = output.get("data") if isinstance(output, dict) else None
+            box = data.get("text/html", "") if isinstance(data, dict) else ""
             found = VERDICT_BOX.search("".join(box) if isinstance(box, list) else str(box))
             if found:
                 state = found.group(1)
