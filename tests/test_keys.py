@@ -359,6 +359,19 @@ def test_chapter_06_reduce_scatter_answer_is_what_the_ranks_compute():
     assert shown[1]["reduce_scatter"] == ([10.0, 11.0], [key("06_data_parallel")["06-reduce-scatter"].value])
 
 
+def key_module(chapter: str):
+    """A chapter's key as a module (its PARAMS and items(values), for per-student numbers)."""
+    from gpulab.course.checks import import_key
+
+    return import_key(ROOT / "autograder" / "keys" / f"{chapter}.py")
+
+
+def variant_item(module, item_id: str, **values):
+    """Item ``item_id`` of the key ``module`` for the canonical numbers with ``values`` drawn."""
+    canonical = {name: param.canonical for name, param in module.PARAMS.items()}
+    return {i.id: i for i in module.items({**canonical, **values})}[item_id]
+
+
 def test_chapter_06_grades_both_sides_of_the_rings_factor_as_the_chapter_says():
     """Issue 16: on 64 GPUs the ring's 63/64 is 1.6%, and the chapter accepts the answer with or
     without it (8000 tokens is what its prose and min_tokens_compute_bound's docstring say; 45 GB
@@ -373,14 +386,10 @@ def test_chapter_06_grades_both_sides_of_the_rings_factor_as_the_chapter_says():
     assert "64 GPUs" in question                      # N stated, not left to guess
     # Issue 29: the promise holds for every drawn number of GPUs (32 to 256), not only 64: on 32
     # ranks the rounded 8000 is 3.2% above the exact 7750 and was rejected at 2%.
-    from gpulab.course.checks import import_key
-
-    module = import_key(ROOT / "autograder" / "keys" / "06_data_parallel.py")
-    canonical = {name: param.canonical for name, param in module.PARAMS.items()}
+    module = key_module("06_data_parallel")
     for ranks in module.PARAMS["ranks"].values:
         for nic in module.PARAMS["nic"].values:
-            p = {**canonical, "ranks": ranks, "nic": nic}
-            item = {i.id: i for i in module.items(p)}["06-min-tokens"]
+            item = variant_item(module, "06-min-tokens", ranks=ranks, nic=nic)
             n = ranks["n"]
             judge(item, round(item.value))
             judge(item, round(item.value * n / (n - 1)))          # without (n−1)/n
@@ -409,14 +418,10 @@ def test_chapter_06_diagnostics_name_the_real_slip():
             judge(items["06-zero3-gpus"], wrong)
     # Issue 36, erratum 18: the budget read as GiB is named whenever it is the slip, not only
     # where it happens to equal the rounded-down count (175B: 58 GPUs, not 62, at 45 GB).
-    from gpulab.course.checks import import_key
-
-    module = import_key(ROOT / "autograder" / "keys" / "06_data_parallel.py")
-    canonical = {name: param.canonical for name, param in module.PARAMS.items()}
+    module = key_module("06_data_parallel")
     for big in module.PARAMS["big"].values:
         for budget in module.PARAMS["budget_gb"].values:
-            p = {**canonical, "big": big, "budget_gb": budget}
-            item = {i.id: i for i in module.items(p)}["06-zero3-gpus"]
+            item = variant_item(module, "06-zero3-gpus", big=big, budget_gb=budget)
             in_gib = math.ceil(big["n"] * 16 / (budget * 2**30))
             rounded_down = math.floor(big["n"] * 16 / (budget * 1e9))
             with pytest.raises(WrongAnswer, match="GiB"):
