@@ -25,7 +25,8 @@ the learner runs (their server, the kernel and its children, their scratch files
 the peak tasks, and the major page faults (a learner thrashing against their wall makes
 thousands). Then chapter 07 again in the plan's own memory wall (0.7 GiB here: issue 34's case).
 ``--write-needs`` saves the figures to workshop/chapter_needs.json, which `make workshop-check`
-compares with the plan; ``--chapters-only`` skips the room of 30 (and takes chapter names).
+compares with the plan; ``--chapters-only`` skips the room of 30 (and takes chapter names:
+``--chapters-only 11_model_parallel --write-needs`` replaces that chapter's row only).
 
 Needs root (it creates the learners' accounts; all are removed afterwards).
 """
@@ -315,12 +316,23 @@ def chapters(write: bool, only: list[str] | None = None) -> None:
     """Every chapter in a wall above its needs; chapter 07 in the plan's own (module docstring)."""
     needs = chapters_inside_the_walls(only, NEEDS_WALL)
     tight = chapters_inside_the_walls(["07_input_pipeline"])
-    if write and not only and needs:
-        NEEDS.write_text(json.dumps({
-            "measured_by": "sudo .venv/bin/python scripts/bench_workshop.py --chapters-only --write-needs",
-            "date": time.strftime("%Y-%m-%d"),
-            "machine": f"{os.cpu_count()} cores, {platform.machine()}, no GPU (CUDA_VISIBLE_DEVICES='')",
-            **needs, "07_in_the_plans_wall": tight}, indent=1) + "\n")
+    if write and needs:
+        if only and NEEDS.exists():
+            # Some chapters measured again (a new one, say): their rows replace the old ones, with
+            # this run's date beside them; the walls must be the same plan's.
+            saved = json.loads(NEEDS.read_text())
+            if saved["walls"] != needs["walls"]:
+                raise SystemExit(f"{NEEDS.name} was measured in other walls: measure every chapter again")
+            for row in needs["chapters"].values():
+                row["date"] = time.strftime("%Y-%m-%d")
+            saved["chapters"] = dict(sorted({**saved["chapters"], **needs["chapters"]}.items()))
+            NEEDS.write_text(json.dumps(saved, indent=1) + "\n")
+        else:
+            NEEDS.write_text(json.dumps({
+                "measured_by": "sudo .venv/bin/python scripts/bench_workshop.py --chapters-only --write-needs",
+                "date": time.strftime("%Y-%m-%d"),
+                "machine": f"{os.cpu_count()} cores, {platform.machine()}, no GPU (CUDA_VISIBLE_DEVICES='')",
+                **needs, "07_in_the_plans_wall": tight}, indent=1) + "\n")
         print(f"  written to {NEEDS.relative_to(ROOT)}")
 
 
