@@ -16,6 +16,9 @@ import pytest
 
 NEEDS_ROOT = "needs root: run `sudo make test`"
 
+# Under xdist a hung test is described, ended and run once more (tests/hang_watchdog.py).
+pytest_plugins = ["hang_watchdog"]
+
 # Costliest first (seconds of CPU in a fresh clone's `make test`, measured; keep it in that order).
 COSTLIEST_FIRST = (
     "tests/test_pipeline.py::TestBatch1",        # grades five chapters, each solution whole

@@ -46,6 +46,7 @@ from graded_html import rendered_markdown, unsafe_html, unsafe_markdown, unsafe_
 from hostile_submissions import CHAPTER, SECOND, answered  # noqa: E402
 from test_browser import chromium  # noqa: E402,F401 (the browser tests' fixture, for the Formgrader's cases)
 import browser  # noqa: E402 (scripts/, put on the path by test_browser)
+from hang_watchdog import process_tree  # noqa: E402
 MARKER = "gpulab-adversarial-marker"          # in the command line of any process a student starts
 RIGHT = {"a": 2048, "b": 0.25}
 
@@ -486,7 +487,8 @@ HONEST = ("honest", "honest_with_files", "feedback_fails")   # no finding for th
 class MemoryWatch(threading.Thread):
     """The highest peak resident memory (VmHWM) of any nbgrader process running in ``folder``
     (grade.py forks them: release.start_nbgrader), sampled five times a second: the grading
-    process, outside every sandbox."""
+    process, outside every sandbox. Only this test's own processes are read, and only files that
+    take no lock of theirs (a scan of every command line on the machine can wait on one)."""
 
     def __init__(self, folder: Path):
         super().__init__(daemon=True)
@@ -494,9 +496,7 @@ class MemoryWatch(threading.Thread):
 
     def run(self):
         while not self.stopped.wait(0.2):
-            for pid, cmd in browser.command_lines().items():
-                if "autograder/grade.py" not in cmd:
-                    continue
+            for pid in process_tree(os.getpid(), leave_out="bwrap")[1:]:
                 try:
                     if os.readlink(f"/proc/{pid}/cwd") != self.folder:
                         continue
