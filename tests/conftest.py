@@ -16,7 +16,7 @@ import pytest
 
 NEEDS_ROOT = "needs root: run `sudo make test`"
 
-# Under xdist a hung test is described, ended and run once more (tests/hang_watchdog.py).
+# Under xdist a test that pytest-timeout cannot end ends the run, saying where (tests/hang_watchdog.py).
 pytest_plugins = ["hang_watchdog"]
 
 # Costliest first (seconds of CPU in a fresh clone's `make test`, measured; keep it in that order).

@@ -1,24 +1,25 @@
-"""A hung test is ended, shown and run once more, instead of holding `make test` for good.
+"""A hung test ends `make test` within minutes, saying where it hung, instead of holding it for good.
 
-Twice a CI run printed all but 17 results and then nothing until CI's 5400 s ran out, with no
-word from pytest-timeout (issues 32 and 40). Its thread cannot end a worker whose threads never
-run (stopped, frozen) or whose C code holds the GIL, and its dump goes to a worker's own output,
-which the run never shows. So under xdist the watching moves out of the worker:
+Twice a CI run printed all but 17 results and then nothing until CI's 5400 s ran out, pytest-timeout
+silent (stops 32 and 40 in `issues stops`). The cause, found when a fresh clone's run hung here the same way:
+a DDP object freed by the garbage collector after its process group was destroyed, in a later
+test; its reducer dropped the group's last reference while holding the GIL, and gloo's destructor
+waited for a worker thread that waited for the GIL (gpulab/parallel/train_ddp.py's main). No
+Python thread of that worker could run again: not pytest-timeout's, whose dump would in any case
+go to the worker's own output, which the run never shows. So under xdist the watching moves out
+of the worker:
 
 - Each worker writes, at each test's start and end, which test it runs and since when
   (``<folder>/<worker>.json``), and registers faulthandler for SIGUSR1: a C signal handler that
   writes every thread's Python stack without the GIL.
 - A thread in the controller (``make test``'s own pytest, which runs no test) reads those files.
-  A test past ``HANG_S`` (setup and teardown included, as pytest-timeout counted them) has its
-  worker's processes described (state, what each thread waits on in the kernel, its kernel stack
-  as root can read it, the Python stacks), and the worker and everything it started are killed.
-- xdist (``--dist loadscope``) then hands the rest of that module to a fresh worker, the hung
-  test first, and the crash is reported as a rerun. A test that hangs a second time is ended
-  again, and its next start fails at once with what both hangs showed. The summary lists every
-  hang, so a rerun is never silent.
+  A test still running ``HANG_S`` after its start (setup and teardown included) is one that
+  pytest-timeout (900 s, ``timeout`` in pyproject.toml) could not end. Its worker's processes are
+  described (state, what each thread waits on in the kernel, its kernel stack as root reads it,
+  the Python stacks), every process of the run but the controller is killed, and the run ends
+  with exit status 3.
 
-pytest-timeout stays for a run without xdist (``timeout`` in pyproject.toml); under xdist this
-takes its place. GPULAB_HANG_S sets the limit (tests/test_hang_watchdog.py plants hangs of 3 s).
+GPULAB_HANG_S sets the limit (tests/test_hang_watchdog.py plants a hang of 2 s).
 """
 from __future__ import annotations
 
@@ -33,11 +34,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
-HANG_S = float(os.environ.get("GPULAB_HANG_S", 900))
+HANG_S = float(os.environ.get("GPULAB_HANG_S", 960))
 KEY = "gpulab_watchdog_folder"
-CONDEMNED = "hung-twice"      # JSON: {test id: what its hangs showed}, for the workers
 
 
 # ---------------------------------------------------------------------------------- the worker
@@ -56,28 +54,13 @@ class WorkerSide:
     def pytest_runtest_logstart(self, nodeid):
         self._write(nodeid)
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_setup(self, item):
-        condemned = self.state.parent / CONDEMNED
-        if condemned.exists() and item.nodeid in (seen := json.loads(condemned.read_text())):
-            pytest.fail("it hung twice and was ended both times; not run a third time\n\n"
-                        + seen[item.nodeid], pytrace=False)
-
     def pytest_runtest_logfinish(self, nodeid):
         self._write(None)
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_timeout_set_timer(self, item, settings):
-        return True                 # the controller watches instead (no timer of pytest-timeout's)
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_timeout_cancel_timer(self, item):
-        return True
 
 
 # ------------------------------------------------------------------------------ the controller
 
-def processprocess_stat(pid: int) -> tuple[str, str, int] | None:
+def process_stat(pid: int) -> tuple[str, str, int] | None:
     """(name, state, parent pid) from /proc/<pid>/stat, which takes no lock of the process's
     memory (a read of its cmdline may wait as long as it is held)."""
     try:
@@ -132,10 +115,7 @@ def describe(pids: list[int]) -> str:
 
 class ControllerSide:
     def __init__(self, config):
-        self.config = config
         self.folder = Path(tempfile.mkdtemp(prefix="gpulab-watchdog-"))
-        self.hangs: dict[str, list[str]] = {}     # test id: what was seen each time it hung
-        self.seen: set[tuple[int, str]] = set()
         self.stopped = threading.Event()
         threading.Thread(target=self._watch, name="hang watchdog", daemon=True).start()
 
@@ -149,62 +129,28 @@ class ControllerSide:
                     state = json.loads(state_file.read_text())
                 except (OSError, ValueError):
                     continue
-                running = (state["pid"], state["nodeid"])
-                if state["nodeid"] and time.time() - state["since"] > HANG_S and running not in self.seen:
-                    self.seen.add(running)
-                    self._end(state_file.stem, *running, time.time() - state["since"])
+                if state["nodeid"] and time.time() - state["since"] > HANG_S:
+                    self._end(state_file.stem, state["pid"], state["nodeid"], time.time() - state["since"])
 
     def _end(self, worker: str, pid: int, nodeid: str, seconds: float) -> None:
-        tree = process_tree(pid)
-        seen = [f"{nodeid} ran {seconds:.0f} s on {worker} (limit {HANG_S:.0f} s); its processes:",
-                describe(tree)]
-        stacks = self.folder / f"{worker}.{pid}.stacks"
-        if (process_stat(pid) or ("", "?"))[1] not in "TtZX":       # a stopped process runs no handler
-            os.kill(pid, signal.SIGUSR1)
-            time.sleep(1)
-        seen += ["Python stacks of the worker (faulthandler):", _read(str(stacks), 20000) or "(none written)"]
-        for victim in tree:
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        times = self.hangs.setdefault(nodeid, [])
-        times.append("\n".join(seen))
-        if len(times) == 2:
-            condemned = {n: "\n\n".join(t) for n, t in self.hangs.items() if len(t) >= 2}
-            (self.folder / "partial").write_text(json.dumps(condemned))
-            (self.folder / "partial").replace(self.folder / CONDEMNED)
-        sys.stderr.write("\n\nHUNG TEST ENDED: " + "\n".join(seen) + "\n")
-        sys.stderr.flush()
-        deadline = time.monotonic() + 60
-        while (process_stat(pid) or ("", "Z"))[1] not in "ZX":
-            if time.monotonic() > deadline:
-                sys.stderr.write(f"\nworker {worker} (pid {pid}) did not end when killed: {describe([pid])}\n"
-                                 "ending the test run\n")
-                sys.stderr.flush()
-                os._exit(3)
-            time.sleep(1)
-
-    def pytest_handlecrashitem(self, crashitem, report, sched):
-        if crashitem not in self.hangs:
-            return
-        report.longrepr = f"{report.longrepr}: it hung and was ended\n\n" + self.hangs[crashitem][-1]
-        from xdist.scheduler import LoadScopeScheduling
-        if isinstance(sched, LoadScopeScheduling):
-            report.outcome = "rerun"      # loadscope has put its module back, this test first
-
-    def pytest_report_teststatus(self, report):
-        if report.outcome == "rerun":
-            return "rerun", "R", ("RERUN", {"yellow": True})
-
-    def pytest_terminal_summary(self, terminalreporter):
-        if self.hangs:
-            terminalreporter.section("hung tests, ended by tests/hang_watchdog.py")
-            for nodeid, times in self.hangs.items():
-                verdict = "ended and run again" if len(times) == 1 else "hung twice: failed"
-                terminalreporter.write_line(f"{nodeid}: {verdict}")
-                for seen in times:
-                    terminalreporter.write_line(seen)
+        """Say where the test hung, kill every process of the run but this one, and end the run."""
+        seen = [f"HUNG TEST: {nodeid} has run {seconds:.0f} s on {worker} (limit {HANG_S:.0f} s); "
+                "its worker's processes:", describe(process_tree(pid))]
+        try:
+            if (process_stat(pid) or ("", "?"))[1] not in "TtZX":    # a stopped process runs no handler
+                os.kill(pid, signal.SIGUSR1)
+                time.sleep(1)
+            seen += ["Python stacks of the worker (faulthandler):",
+                     _read(str(self.folder / f"{worker}.{pid}.stacks"), 20000) or "(none written)"]
+        finally:
+            sys.stderr.write("\n\n" + "\n".join(seen) + "\n\nending the test run (tests/hang_watchdog.py)\n")
+            sys.stderr.flush()
+            for victim in process_tree(os.getpid())[1:]:
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            os._exit(3)
 
     def pytest_unconfigure(self, config):
         self.stopped.set()

@@ -6,6 +6,7 @@ name (pytest puts tests/ on sys.path, and multiprocessing hands sys.path to its 
 they must stay at top level. The server's start costs about 7 CPU-s once (torch, its compiler
 front end, FSDP); each later run of 2 ranks well under a second.
 """
+import gc
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -307,6 +308,7 @@ def one_rank_group():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                             world_size=1)
     yield
+    gc.collect()                # a test's DDP goes before its group (train_ddp.main says why)
     dist.destroy_process_group()
 
 
@@ -407,8 +409,14 @@ def test_the_torchrun_script_on_one_rank(monkeypatch, capsys):
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    train_ddp.main(["--epochs", "2", "--sequences", "16", "--seq-len", "8"])
-    assert not dist.is_initialized()
+    gc.disable()                # so that only main's own collection can free DDP
+    try:
+        train_ddp.main(["--epochs", "2", "--sequences", "16", "--seq-len", "8"])
+        # DDP was freed before its process group: freed after, it can hang the process for good
+        alive = [o for o in gc.get_objects() if isinstance(o, torch.nn.parallel.DistributedDataParallel)]
+    finally:
+        gc.enable()
+    assert not alive and not dist.is_initialized()
     summary = json.loads(capsys.readouterr().out.split("summary: ")[1])
     assert summary["global batch"] == 8 and summary["steps"] == 4
     assert summary["samples per rank per epoch"] == 16 and summary["shards cover the dataset once"]

@@ -1,12 +1,12 @@
-"""tests/hang_watchdog.py on planted hangs, in a pytest run of its own with two workers."""
+"""tests/hang_watchdog.py on a planted hang, in a pytest run of its own with two workers."""
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-HANGS = '''
-import ctypes, os
-from pathlib import Path
+HANG = '''
+import ctypes
 
 
 def hang():
@@ -15,45 +15,29 @@ def hang():
         libc.sleep(3600)
 
 
-def test_hangs_once():
-    mark = Path(os.environ["PLANTED_MARK"])
-    if not mark.exists():
-        mark.write_text("hung once")
-        hang()
-
-
-def test_after_it():
-    pass
-'''
-
-HANGS_ALWAYS = '''
-from test_once import hang
-
-
-def test_hangs_every_time():
+def test_hangs():
     hang()
 '''
 
 
-def test_a_hung_test_is_described_ended_and_run_once_more(tmp_path):
-    """A test that holds the GIL in C code (no thread of its worker runs: pytest-timeout's
-    neither) is described, ended and run again in a fresh worker; one that hangs every time is
-    ended twice and then fails at its next start."""
+def test_a_test_that_holds_the_gil_ends_the_run_with_where_it_hung(tmp_path):
+    """No thread of the worker runs (pytest-timeout's neither): the controller describes the
+    worker's threads and Python stack, kills every process of the run and exits with status 3."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    (tmp_path / "test_once.py").write_text(HANGS)
-    (tmp_path / "test_always.py").write_text(HANGS_ALWAYS)
-    env = {**os.environ, "GPULAB_HANG_S": "2", "PLANTED_MARK": str(tmp_path / "mark"),
+    (tmp_path / "test_planted.py").write_text(HANG)
+    (tmp_path / "test_other.py").write_text("def test_fine():\n    pass\n")
+    env = {**os.environ, "GPULAB_HANG_S": "2",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(tmp_path)])}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadscope",
-                          "-p", "hang_watchdog", "-p", "no:cacheprovider", "-rA", str(tmp_path)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    out = run.stdout + run.stderr
-    assert run.returncode == 1, out
-    assert "2 passed, 1 error, 3 rerun" in out, out
-    assert "PASSED test_once.py::test_hangs_once" in out and "ERROR test_always.py::test_hangs_every_time" in out
-    assert "test_once.py::test_hangs_once: ended and run again" in out
-    assert "test_always.py::test_hangs_every_time: hung twice: failed" in out
-    assert "it hung twice and was ended both times; not run a third time" in out
-    # what each hang showed: the worker's threads in the kernel and its Python stack
-    assert "HUNG TEST ENDED: test_once.py::test_hangs_once ran" in out
-    assert "waits in" in out and 'test_once.py", line 9 in hang' in out, out
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadscope",
+                            "-p", "hang_watchdog", "-p", "no:cacheprovider", str(tmp_path)],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    try:
+        out, _ = run.communicate(timeout=120)
+    finally:                    # a worker left hanging (should the watchdog fail) goes too
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    assert run.returncode == 3, out
+    assert "HUNG TEST: test_planted.py::test_hangs has run" in out, out
+    assert "waits in" in out and 'test_planted.py", line 8 in hang' in out, out
+    assert "ending the test run" in out

@@ -30,6 +30,7 @@ own, ``torchrun --standalone --nproc_per_node=N -m module args`` (chapter 06, se
 from __future__ import annotations
 
 import functools
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -213,7 +214,8 @@ def _run_rank(worker, rank, world_size, args, port, backend, timeout, conn, env)
         conn.send_bytes(reply)  # once its connections close, so its error reaches launch first
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            gc.collect()    # a DDP of the worker's, in its reference cycle, goes before its group
+            dist.destroy_process_group()    # (gpulab/parallel/train_ddp.py's main says why)
 
 
 def _collect(pipe, proc):
