@@ -503,8 +503,9 @@ class MemoryWatch(threading.Thread):
                     status = Path(f"/proc/{pid}/status").read_text()
                 except OSError:
                     continue
-                kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")))
-                self.peak_bytes = max(self.peak_bytes, kb * 1024)
+                hwm = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)   # none once it is exiting
+                if hwm:
+                    self.peak_bytes = max(self.peak_bytes, int(hwm.group(1)) * 1024)
 
 
 @pytest.fixture(scope="module")
