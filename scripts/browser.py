@@ -197,10 +197,10 @@ def _read_command_lines(pids: list[int], found: dict[int, str]) -> None:
 
 def command_lines(patience: float = 5.0) -> dict[int, str]:
     """Every process's command line, by pid. A read of /proc/<pid>/cmdline waits for as long as
-    that process's memory map stays locked, and only SIGKILL ends that wait: a CI run hung for
-    over an hour in such a scan (tests/test_adversarial.py's test_no_process_outlives_grading).
-    So a thread reads them; when it has not moved on in ``patience`` seconds, the process it
-    waits on is left UNREADABLE and a new thread reads the rest."""
+    that process's memory map stays locked, and only SIGKILL ends that wait. So a thread reads
+    them; when it has not moved on in ``patience`` seconds, the process it waits on is left
+    UNREADABLE and a new thread reads the rest. (This scan was once suspected of two CI runs
+    that hung; the cause was a DDP deadlock, gpulab/parallel/train_ddp.py's main says which.)"""
     pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
     found: dict[int, str] = {}
     while pids:

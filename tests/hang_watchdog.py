@@ -114,7 +114,7 @@ def describe(pids: list[int]) -> str:
 
 
 class ControllerSide:
-    def __init__(self, config):
+    def __init__(self):
         self.folder = Path(tempfile.mkdtemp(prefix="gpulab-watchdog-"))
         self.stopped = threading.Event()
         threading.Thread(target=self._watch, name="hang watchdog", daemon=True).start()
@@ -163,4 +163,4 @@ def pytest_configure(config):
         if folder:
             config.pluginmanager.register(WorkerSide(Path(folder), config.workerinput["workerid"]))
     elif config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
-        config.pluginmanager.register(ControllerSide(config))
+        config.pluginmanager.register(ControllerSide())
