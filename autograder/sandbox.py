@@ -455,14 +455,15 @@ def _grew(kernel_dir: str) -> bool:
 
 def _child_of(pid: int) -> int | None:
     """The first child process of ``pid`` (bubblewrap's PID-namespace init), or None."""
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
-                        return int(entry.name)
-            except (OSError, IndexError, ValueError):
-                continue
+    with os.scandir("/proc") as entries:        # closed on return too (no ResourceWarning)
+        for entry in entries:
+            if entry.name.isdigit():
+                try:
+                    with open(f"/proc/{entry.name}/stat", "rb") as f:
+                        if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                            return int(entry.name)
+                except (OSError, IndexError, ValueError):
+                    continue
     return None
 
 
