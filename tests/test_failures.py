@@ -161,6 +161,40 @@ def test_monitored_barrier_names_the_rank_that_never_came():
     assert "monitoredBarrier" in log
 
 
+def test_join_lets_uneven_ranks_finish_and_without_it_the_longer_rank_waits_in_backward():
+    """Section 6.4, for real on two gloo processes with 3 and 4 batches. With join(), both ranks
+    end with the weights of this hand-made run: rank 0 sits out rank 1's fourth step with a zero
+    gradient, still divided by the starting world size of 2 (join's default,
+    divide_by_initial_world_size), and DDP copies the last rank's weights to the others at the
+    end. Without it, rank 1 is in its fourth backward when rank 0's barrier gives up on it."""
+    import torch
+
+    joined = failures.uneven_inputs((3, 4), use_join=True)
+    assert joined["steps"] == [3, 4] and joined["weight_gap"] == 0.0
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    shards = [torch.Generator().manual_seed(rank) for rank in range(2)]     # as each rank draws
+    loaders = [[torch.randn(4, 8, generator=shards[rank]) for _ in range(n)]
+               for rank, n in enumerate((3, 4))]
+    for step in range(4):
+        grads = []
+        for loader in loaders:
+            model.zero_grad()
+            if step < len(loader):
+                model(loader[step]).square().mean().backward()
+                grads.append([p.grad.clone() for p in model.parameters()])
+        with torch.no_grad():
+            for i, p in enumerate(model.parameters()):
+                p -= 0.1 * sum(g[i] for g in grads) / 2
+    expected = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert torch.allclose(torch.tensor(joined["weights"][0]), expected, atol=1e-6)
+
+    hung = failures.uneven_inputs((3, 4), use_join=False, barrier_seconds=1.0)
+    assert "Ranks 1 failed to pass monitoredBarrier" in hung["errors"][0]
+    assert hung["waiting_in"] == {0: "dist.monitored_barrier(timeout=patience, wait_all_ranks=True)",
+                                  1: "loss.backward()"}
+
+
 def test_record_writes_the_error_torchrun_prints(monkeypatch):
     """Section 6.3: @record writes the exception to TORCHELASTIC_ERROR_FILE, and the helper puts
     the environment back as it found it."""

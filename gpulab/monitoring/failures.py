@@ -18,6 +18,8 @@ Each function here answers one question a person asks in front of a failed or sl
 - *Will my DataLoader's workers fit in /dev/shm?* ``shm_bytes_needed``.
 - *What does a hung collective look like?* ``missing_rank`` makes one, for real, on a CPU, and
   ``missing_rank_at_barrier`` names the missing rank with ``monitored_barrier``.
+- *What if one rank has fewer batches?* ``uneven_inputs`` runs DDP's ``join()`` loop on two
+  ranks with and without it (``uneven_epoch`` is the loop each rank runs).
 - *What does torchrun learn when a rank fails?* ``recorded_error`` writes ``@record``'s error file.
 
 Everything is a pure function of its arguments: the chapter's quizzes, its answer key and the
@@ -372,6 +374,70 @@ def missing_rank_at_barrier(timeout_seconds: float = 1.0) -> tuple[float, str, s
         log.seek(0)
         return waited, message, log.read()
 
+
+def uneven_epoch(rank: int, world_size: int, batches_per_rank: tuple[int, ...], use_join: bool,
+                 barrier_seconds: float) -> tuple[int, list[float]]:
+    """One rank of ``uneven_inputs`` (run by ``gpulab.parallel.dist.launch``): chapter 08's
+    ``join()`` loop over a loader of ``batches_per_rank[rank]`` batches, then section 4.4's
+    ``monitored_barrier``, which waits ``barrier_seconds`` for the other ranks and then names the
+    missing ones. Returns (the steps this rank took, its final weights)."""
+    import contextlib
+    import datetime
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)                                  # the same start on every rank
+    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(rank)            # a different shard on every rank
+    loader = [torch.randn(4, 8, generator=data) for _ in range(batches_per_rank[rank])]
+    steps = 0
+    with model.join() if use_join else contextlib.nullcontext():
+        for batch in loader:
+            loss = model(batch).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+    patience = datetime.timedelta(seconds=barrier_seconds)
+    with open(os.devnull, "w") as quiet:
+        saved = os.dup(2)       # gloo's C++ code also logs the barrier's error to fd 2 itself,
+        os.dup2(quiet.fileno(), 2)      # which a notebook shows in red; the error carries it
+        try:
+            dist.monitored_barrier(timeout=patience, wait_all_ranks=True)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    return steps, [p.detach().flatten().tolist() for p in model.module.parameters()]
+
+
+def uneven_inputs(batches_per_rank: tuple[int, ...] = (3, 4), use_join: bool = True,
+                  barrier_seconds: float = 2.0) -> dict:
+    """DDP on ranks whose loaders differ in length, for real: one gloo process per rank
+    (``uneven_epoch``). With ``join()`` every rank ends: {"steps": steps per rank, "weight_gap":
+    the largest difference between two ranks' final weights, "weights": each rank's}. Without
+    it, the rank with more batches waits in its last backward's all-reduce, and rank 0's barrier
+    gives up after ``barrier_seconds``: {"errors": {rank: its error}, "waiting_in": {rank: the
+    line of ``uneven_epoch`` it was in when it failed}, "report": launch's whole message}."""
+    from gpulab.parallel.dist import LaunchError, launch
+
+    try:
+        results = launch(uneven_epoch, n_ranks=len(batches_per_rank),
+                         args=(tuple(batches_per_rank), use_join, barrier_seconds))
+    except LaunchError as error:
+        report, errors, waiting_in = str(error), {}, {}
+        for section in report.split("--- rank ")[1:]:   # one traceback per failed rank
+            lines = [line for line in section.splitlines() if line.strip()]
+            rank = int(lines[0].split()[0])
+            frame = max(i for i, line in enumerate(lines) if line.endswith("in uneven_epoch"))
+            waiting_in[rank], errors[rank] = lines[frame + 1].strip(), lines[-1]
+        return {"errors": errors, "waiting_in": waiting_in, "report": report}
+    weights = [[w for tensor in rank_weights for w in tensor] for _, rank_weights in results]
+    gap = max(abs(a - b) for other in weights[1:] for a, b in zip(weights[0], other))
+    return {"steps": [steps for steps, _ in results], "weight_gap": gap, "weights": weights}
 
 def recorded_error(error: Exception) -> dict:
     """What torchrun's ``@record`` writes when the function it decorates raises ``error``: the
