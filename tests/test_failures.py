@@ -1,6 +1,7 @@
 """gpulab.monitoring.failures: clock-event bits against pynvml's constants, the checkpoint interval against
 Young's and Daly's published formulas and a simulation, the out-of-memory message round trip,
-the CUDA error texts, kernel-image compatibility, NaN steps and /dev/shm."""
+the CUDA error texts, kernel-image compatibility, NaN steps, /dev/shm, a hung collective and DDP's
+join() on uneven inputs."""
 import math
 import os
 

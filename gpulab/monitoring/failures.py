@@ -420,8 +420,9 @@ def uneven_inputs(batches_per_rank: tuple[int, ...] = (3, 4), use_join: bool = T
     (``uneven_epoch``). With ``join()`` every rank ends: {"steps": steps per rank, "weight_gap":
     the largest difference between two ranks' final weights, "weights": each rank's}. Without
     it, the rank with more batches waits in its last backward's all-reduce, and rank 0's barrier
-    gives up after ``barrier_seconds``: {"errors": {rank: its error}, "waiting_in": {rank: the
-    line of ``uneven_epoch`` it was in when it failed}, "report": launch's whole message}."""
+    gives up after ``barrier_seconds``: {"errors": {rank: its error's first sentence},
+    "waiting_in": {rank: the line of ``uneven_epoch`` it was in when it failed}, "report":
+    launch's whole message}."""
     from gpulab.parallel.dist import LaunchError, launch
 
     try:
@@ -433,7 +434,9 @@ def uneven_inputs(batches_per_rank: tuple[int, ...] = (3, 4), use_join: bool = T
             lines = [line for line in section.splitlines() if line.strip()]
             rank = int(lines[0].split()[0])
             frame = max(i for i, line in enumerate(lines) if line.endswith("in uneven_epoch"))
-            waiting_in[rank], errors[rank] = lines[frame + 1].strip(), lines[-1]
+            waiting_in[rank] = lines[frame + 1].strip()
+            # gloo's errors start with their C++ source location, "[/path/pair.cc:553] ..."
+            errors[rank] = re.sub(r"\[/\S+\] ", "", lines[-1]).split(". ")[0]
         return {"errors": errors, "waiting_in": waiting_in, "report": report}
     weights = [[w for tensor in rank_weights for w in tensor] for _, rank_weights in results]
     gap = max(abs(a - b) for other in weights[1:] for a, b in zip(weights[0], other))
