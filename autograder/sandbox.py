@@ -9,7 +9,9 @@ own network namespace, and it talks to nbgrader over Unix sockets (jupyter's ``i
 in KERNEL_DIR, which the grader reaches through /proc/<sandbox>/root; the grader takes its
 messages up to a size (``max_message_bytes``): a bigger one is never held in the grader's memory.
 Its processes live in their own PID namespace, so none outlives it, and a ``Watchdog`` stops it
-when they use more memory, processes or CPU time than allowed.
+when they use more memory, processes or CPU time than allowed. A root grader also puts it in a
+memory cgroup of its own (``memory_wall``), which counts the memory held in files that the
+watchdog's resident count misses.
 
 The kernel has no capabilities anywhere and is never root (issue 34). A grader that is not root
 runs bubblewrap in a user namespace of its own, which bubblewrap makes (the kernel is then the
@@ -29,6 +31,7 @@ import dataclasses
 import functools
 import os
 import pwd
+import re
 import shutil
 import signal
 import stat
@@ -136,6 +139,7 @@ SUBMISSION_ORIGINAL = "/gpulab-submission"   # the submitted folder, read-only, 
 # (sockets take no room). The grader reaches them as /proc/<sandbox's init>/root/gpulab-kernel.
 KERNEL_DIR = "/gpulab-kernel"
 KERNEL_DIR_BYTES = 2**20
+WALL_MARGIN = 64 * 2**20      # what a memory cgroup charges besides memory and files (memory_wall)
 
 
 def python_install() -> list[str]:
@@ -307,6 +311,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         self.connection_file = os.path.join(self.private_dir, "kernel.json")
         self.ip = f"{KERNEL_DIR}/ipc"          # as the kernel sees it; the grader's, once it runs
         self.watchdog: Watchdog | None = None
+        self.memory_wall: SystemdScope | V1MemoryGroup | None = None
+        self._out_of_memory = False         # what the wall said when the kernel ended
         self._connection_fd: int | None = None
         self._hosts_fd: int | None = None
         self._not_started: str | None = None
@@ -349,7 +355,23 @@ class SandboxedKernelManager(AsyncKernelManager):
         launcher = [sys.executable, "-I", "-c", LAUNCHER, SUBMISSION_ORIGINAL, KERNEL_DIR,
                     str(limits.cpu_seconds + 5), str(limits.disk_bytes), str(limits.tasks),
                     str(uid), str(gid), "--"]
-        return sandbox_command(workdir, self._connection_fd, self._hosts_fd, limits) + launcher + cmd, kw
+        self._remove_memory_wall()                           # a restart's kernel gets a new one
+        self._out_of_memory = False
+        self.memory_wall = memory_wall(f"{os.getpid()}-{id(self):x}", self.wall_bytes(workdir))
+        joins = self.memory_wall.prefix if self.memory_wall else []
+        return joins + sandbox_command(workdir, self._connection_fd, self._hosts_fd, limits) + launcher + cmd, kw
+
+    def wall_bytes(self, workdir: str) -> int:
+        """The memory wall: resident memory, the private folders (tmpfs pages count in a memory
+        cgroup) and WALL_MARGIN for what the Linux kernel charges besides (page tables, caches)."""
+        return (self.memory_limit + 3 * self.disk_limit + _folder_bytes(workdir) + KERNEL_DIR_BYTES
+                + WALL_MARGIN)           # /tmp, /dev/shm and the working copy: disk_limit each
+
+    def _remove_memory_wall(self) -> None:
+        if self.memory_wall:
+            self._out_of_memory = self.memory_wall.oom_killed()
+            self.memory_wall.remove()
+            self.memory_wall = None
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         try:
@@ -370,12 +392,17 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     @property
     def stopped_because(self) -> str | None:
-        return self.watchdog.reason if self.watchdog else self._not_started
+        reason = self.watchdog.reason if self.watchdog else self._not_started
+        if reason is None and (self._out_of_memory or (self.memory_wall and self.memory_wall.oom_killed())):
+            reason = (f"used more than {_size(self.memory_limit)} of memory, counting what it held "
+                      "in files (the Linux kernel stopped it at its memory wall)")
+        return reason
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         if self.watchdog:
             self.watchdog.stop()
         await super()._async_cleanup_resources(restart)
+        self._remove_memory_wall()
         if not restart:
             shutil.rmtree(self.private_dir, ignore_errors=True)
 
@@ -493,6 +520,84 @@ def sandbox_usage(init: int) -> tuple[int, int, float] | None:
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------------------ the memory wall
+# The watchdog counts resident memory. Memory held in files, a memfd or System V shared memory
+# that no process maps, is in no process's resident set; a memory cgroup counts it (and the
+# private tmpfs folders, which is why the wall adds their sizes). So a root grader puts each
+# submission in one of its own, systemd's way where systemd runs the machine, or cgroup v1's; the
+# Linux kernel then stops the submission at the wall. A grader that is not root cannot make one.
+
+
+def memory_wall(name: str, limit_bytes: int):
+    """A memory cgroup of ``limit_bytes`` for one submission (a SystemdScope or a V1MemoryGroup),
+    or None where this grader cannot make one (not root, or cgroup v2 without systemd)."""
+    if os.geteuid() != 0:
+        return None
+    if Path("/run/systemd/system").is_dir() and shutil.which("systemd-run"):   # sd_booted(3)
+        return SystemdScope(name, limit_bytes)
+    own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                if "memory" in line.split(":", 2)[1].split(",")), None)
+    base = Path("/sys/fs/cgroup/memory") / (own or "").lstrip("/")
+    if own is not None and base.is_dir() and os.access(base, os.W_OK):
+        return V1MemoryGroup(base / "gpulab-grading" / name, limit_bytes)
+    return None
+
+
+class SystemdScope:
+    """The submission in a transient scope (systemd-run(1) --scope) with MemoryMax= and no swap
+    (systemd.resource-control(5)). A scope runs the command in systemd-run's own process, so the
+    kernel manager keeps bubblewrap's pid."""
+
+    def __init__(self, name: str, limit_bytes: int):
+        self.unit = f"gpulab-grading-{name}.scope"
+        self.prefix = ["systemd-run", "--scope", "--quiet", f"--unit={self.unit}",
+                       "--property", f"MemoryMax={limit_bytes}", "--property", "MemorySwapMax=0", "--"]
+
+    def oom_killed(self) -> bool:
+        shown = subprocess.run(["systemctl", "show", "--property=Result", "--value", self.unit],
+                               capture_output=True, text=True)
+        return shown.stdout.strip() == "oom-kill"
+
+    def remove(self) -> None:
+        for verb in ("kill", "reset-failed"):    # a scope that failed stays loaded until reset
+            subprocess.run(["systemctl", verb, self.unit], capture_output=True)
+
+
+class V1MemoryGroup:
+    """The submission in a cgroup v1 memory group of its own, under the grader's (swap counted
+    where the kernel accounts it). bubblewrap joins it before it starts: a shell writes its own
+    pid into cgroup.procs and becomes bubblewrap, so every process of the sandbox is inside."""
+
+    def __init__(self, folder: Path, limit_bytes: int):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "memory.limit_in_bytes").write_text(f"{limit_bytes}\n")
+        if (folder / "memory.memsw.limit_in_bytes").exists():
+            (folder / "memory.memsw.limit_in_bytes").write_text(f"{limit_bytes}\n")
+        self.prefix = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(folder / "cgroup.procs")]
+
+    def oom_killed(self) -> bool:
+        try:                                 # "oom_kill N" since Linux 4.13
+            killed = re.search(r"^oom_kill (\d+)$", (self.folder / "memory.oom_control").read_text(), re.M)
+        except OSError:
+            return False
+        return bool(killed and int(killed.group(1)))
+
+    def remove(self, patience: float = 10) -> None:
+        give_up = time.monotonic() + patience
+        while self.folder.is_dir() and time.monotonic() < give_up:
+            for pid in (self.folder / "cgroup.procs").read_text().split():
+                _kill(int(pid))
+            try:
+                self.folder.rmdir()
+            except OSError:                  # busy until its last process has exited
+                time.sleep(0.05)
+        try:
+            self.folder.parent.rmdir()       # the grader's gpulab-grading, once no job uses it
+        except OSError:
+            pass
 
 
 def _size(n: int) -> str:

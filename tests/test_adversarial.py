@@ -224,6 +224,15 @@ for i in range(40):                       # at most 2 GB, should the limit not h
     chunks[-1][::4096] = b"x" * len(chunks[-1][::4096])
 '''
 
+# Issue 34's threat model, "not refused": memory held in files no process maps. 15 MiB each (the
+# batch's limit per file is 16 MiB), 1.5 GB in all should the memory wall not hold.
+MEMFD_HOG = r'''
+import os
+held = [os.memfd_create(f"hog{i}") for i in range(100)]
+for fd in held:
+    os.write(fd, b"x" * (15 * 2**20))
+'''
+
 PROCESS_HOG = rf'''
 import subprocess, sys, time
 children = []
@@ -389,6 +398,8 @@ ATTACKS = {
     "reads_home": (lambda nb: answered(nb, "found", "0.5", before_a=HOME_SECRET), (0, 0), None),
     "connects": (lambda nb: answered(nb, "2048 + reached", "0.5", before_a=CONNECT), (1, 0), None),
     "memory_hog": (lambda nb: answered(nb, before_b=MEMORY_HOG), (1, 0), f"more than {MEMORY_MIB} MiB of memory"),
+    "memfd_hog": (lambda nb: answered(nb, before_b=MEMFD_HOG), (1, 0),
+                  f"more than {MEMORY_MIB} MiB of memory, counting what it held in files"),
     "process_hog": (lambda nb: answered(nb, before_b=PROCESS_HOG), (1, 0), f"more than {PROCESSES} processes"),
     "disk_hog": (lambda nb: answered(nb, b="0 if escaped else 0.25", before_b=DISK_HOG), (1, 1), None),
     "writes_socket_folder": (lambda nb: answered(nb, before_b=SOCKET_FOLDER), (1, 0), "connection sockets"),
@@ -631,7 +642,12 @@ def test_there_are_at_least_29_attacks():
     assert len([name for name in ATTACKS if name not in ("honest", "blank", "wrong")]) >= 29
 
 
-@pytest.mark.parametrize("student", list(CASES))
+# Only a root grader can make the memory wall (autograder/sandbox.py, memory_wall).
+NEEDS_ROOT_CASES = ("memfd_hog",)
+
+
+@pytest.mark.parametrize("student", [pytest.param(s, marks=pytest.mark.needs_root)
+                                     if s in NEEDS_ROOT_CASES else s for s in CASES])
 def test_each_submission_scores_what_it_earned(graded, student):
     course, _, _, _ = graded
     _, (score_a, score_b), says = CASES[student]
