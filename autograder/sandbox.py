@@ -77,6 +77,10 @@ def sandbox_warnings() -> list[str]:
     if os.getuid() != 0 and not _bwrap_has(bwrap, "--disable-userns"):
         found.append("this bubblewrap is older than 0.8: a submission may make user namespaces of "
                      "its own (install a newer bubblewrap)")
+    if memory_wall_kind()[0] is None:
+        found.append("no memory cgroup per submission (it takes a root grader, and systemd or "
+                     "cgroup v1): memory a submission holds in files (memfd, System V shared "
+                     "memory) is not counted against memory_limit")
     return found
 
 
@@ -530,17 +534,28 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Linux kernel then stops the submission at the wall. A grader that is not root cannot make one.
 
 
-def memory_wall(name: str, limit_bytes: int):
-    """A memory cgroup of ``limit_bytes`` for one submission (a SystemdScope or a V1MemoryGroup),
-    or None where this grader cannot make one (not root, or cgroup v2 without systemd)."""
+def memory_wall_kind() -> tuple[str | None, Path | None]:
+    """("systemd", None), ("cgroup v1", the grader's own memory cgroup), or (None, None) where
+    this grader cannot make a memory cgroup (not root, or cgroup v2 without systemd)."""
     if os.geteuid() != 0:
-        return None
+        return None, None
     if Path("/run/systemd/system").is_dir() and shutil.which("systemd-run"):   # sd_booted(3)
-        return SystemdScope(name, limit_bytes)
+        return "systemd", None
     own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
                 if "memory" in line.split(":", 2)[1].split(",")), None)
     base = Path("/sys/fs/cgroup/memory") / (own or "").lstrip("/")
     if own is not None and base.is_dir() and os.access(base, os.W_OK):
+        return "cgroup v1", base
+    return None, None
+
+
+def memory_wall(name: str, limit_bytes: int):
+    """A memory cgroup of ``limit_bytes`` for one submission (a SystemdScope or a V1MemoryGroup),
+    or None where this grader cannot make one (memory_wall_kind)."""
+    kind, base = memory_wall_kind()
+    if kind == "systemd":
+        return SystemdScope(name, limit_bytes)
+    if kind == "cgroup v1":
         return V1MemoryGroup(base / "gpulab-grading" / name, limit_bytes)
     return None
 
