@@ -48,6 +48,7 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets import Float, Integer, Unicode
 
 import gpulab
+from gpulab.gpu_share import own_cgroups
 
 
 class SandboxUnavailable(RuntimeError):
@@ -541,8 +542,7 @@ def memory_wall_kind() -> tuple[str | None, Path | None]:
         return None, None
     if Path("/run/systemd/system").is_dir() and shutil.which("systemd-run"):   # sd_booted(3)
         return "systemd", None
-    own = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                if "memory" in line.split(":", 2)[1].split(",")), None)
+    own = own_cgroups().get("memory")
     base = Path("/sys/fs/cgroup/memory") / (own or "").lstrip("/")
     if own is not None and base.is_dir() and os.access(base, os.W_OK):
         return "cgroup v1", base

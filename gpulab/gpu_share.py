@@ -128,21 +128,31 @@ def share_lines(total_bytes: int | None, environ=os.environ, proc: Path = Path("
     return lines
 
 
+def own_cgroups(proc: Path = Path("/proc")) -> dict[str, str]:
+    """This process's cgroups, /proc/self/cgroup as {controller: path} in the file's order (the
+    v2 hierarchy's under ""); {} when it cannot be read."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            found[controller] = path
+    return found
+
+
 def own_cgroup_limit(controller: str, proc: Path = Path("/proc"),
                      cgroups: Path = Path("/sys/fs/cgroup")) -> int | None:
     """This process's memory (bytes) or pids limit from its own cgroup, v1 or v2 (systemd's
     scopes are v2 cgroups); None when there is none or it cannot be read."""
     v1, v2 = {"memory": ("memory.limit_in_bytes", "memory.max"),
               "pids": ("pids.max", "pids.max")}[controller]
-    try:
-        lines = (proc / "self" / "cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
+    for name, path in own_cgroups(proc).items():
+        if name == controller:
             limit = cgroups / controller / path.lstrip("/") / v1
-        elif controllers == "" and (cgroups / "cgroup.controllers").exists():
+        elif name == "" and (cgroups / "cgroup.controllers").exists():
             limit = cgroups / path.lstrip("/") / v2
         else:
             continue

@@ -28,7 +28,9 @@ tests call the same code. GB = 10^9 bytes, GiB = 2^30 bytes throughout.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
 from dataclasses import dataclass
 
@@ -296,6 +298,19 @@ def cuda_error_message(error_name: str, launch_blocking: bool = False) -> str:
 # ----------------------------------------------------------------------------- a hung collective
 
 
+@contextlib.contextmanager
+def _fd2_into(file):
+    """File descriptor 2 writes into ``file`` meanwhile: gloo's C++ code logs there itself,
+    past sys.stderr."""
+    saved = os.dup(2)
+    os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _two_gloo_ranks(timeout_seconds: float) -> dict:
     """Two gloo ranks of one group, as two threads of this process on 127.0.0.1 (both must
     connect before any collective): {rank: ProcessGroupGloo}."""
@@ -352,25 +367,20 @@ def missing_rank_at_barrier(timeout_seconds: float = 1.0) -> tuple[float, str, s
     (``dist.new_group(backend="gloo")``). Returns (seconds waited, the error text, what gloo's C++
     code logged to stderr meanwhile, captured here so that it reads as output, not an error)."""
     import datetime
-    import os
     import tempfile
     import time
 
     groups = _two_gloo_ranks(timeout_seconds)
     with tempfile.TemporaryFile("w+") as log:
-        saved = os.dup(2)                                  # gloo's C++ logs write to fd 2 itself
-        os.dup2(log.fileno(), 2)
-        start = time.perf_counter()
-        try:
-            groups[0].monitored_barrier(datetime.timedelta(seconds=timeout_seconds),
-                                        wait_all_ranks=True)
-        except RuntimeError as error:
-            waited, message = time.perf_counter() - start, str(error)
-        else:
-            raise AssertionError("the barrier passed without its second rank")
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+        with _fd2_into(log):
+            start = time.perf_counter()
+            try:
+                groups[0].monitored_barrier(datetime.timedelta(seconds=timeout_seconds),
+                                            wait_all_ranks=True)
+            except RuntimeError as error:
+                waited, message = time.perf_counter() - start, str(error)
+            else:
+                raise AssertionError("the barrier passed without its second rank")
         log.seek(0)
         return waited, message, log.read()
 
@@ -381,9 +391,7 @@ def uneven_epoch(rank: int, world_size: int, batches_per_rank: tuple[int, ...], 
     ``join()`` loop over a loader of ``batches_per_rank[rank]`` batches, then section 4.4's
     ``monitored_barrier``, which waits ``barrier_seconds`` for the other ranks and then names the
     missing ones. Returns (the steps this rank took, its final weights)."""
-    import contextlib
     import datetime
-    import os
 
     import torch
     import torch.distributed as dist
@@ -403,14 +411,9 @@ def uneven_epoch(rank: int, world_size: int, batches_per_rank: tuple[int, ...], 
             optimizer.zero_grad()
             steps += 1
     patience = datetime.timedelta(seconds=barrier_seconds)
-    with open(os.devnull, "w") as quiet:
-        saved = os.dup(2)       # gloo's C++ code also logs the barrier's error to fd 2 itself,
-        os.dup2(quiet.fileno(), 2)      # which a notebook shows in red; the error carries it
-        try:
-            dist.monitored_barrier(timeout=patience, wait_all_ranks=True)
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+    # gloo also logs the barrier's error to fd 2, which a notebook shows in red; the error has it
+    with open(os.devnull, "w") as quiet, _fd2_into(quiet):
+        dist.monitored_barrier(timeout=patience, wait_all_ranks=True)
     return steps, [p.detach().flatten().tolist() for p in model.module.parameters()]
 
 
@@ -429,18 +432,18 @@ def uneven_inputs(batches_per_rank: tuple[int, ...] = (3, 4), use_join: bool = T
         results = launch(uneven_epoch, n_ranks=len(batches_per_rank),
                          args=(tuple(batches_per_rank), use_join, barrier_seconds))
     except LaunchError as error:
-        report, errors, waiting_in = str(error), {}, {}
-        for section in report.split("--- rank ")[1:]:   # one traceback per failed rank
-            lines = [line for line in section.splitlines() if line.strip()]
-            rank = int(lines[0].split()[0])
+        errors, waiting_in = {}, {}
+        for rank, traceback_text in error.tracebacks.items():
+            lines = [line for line in traceback_text.splitlines() if line.strip()]
             frame = max(i for i, line in enumerate(lines) if line.endswith("in uneven_epoch"))
             waiting_in[rank] = lines[frame + 1].strip()
             # gloo's errors start with their C++ source location, "[/path/pair.cc:553] ..."
             errors[rank] = re.sub(r"\[/\S+\] ", "", lines[-1]).split(". ")[0]
-        return {"errors": errors, "waiting_in": waiting_in, "report": report}
+        return {"errors": errors, "waiting_in": waiting_in, "report": str(error)}
     weights = [[w for tensor in rank_weights for w in tensor] for _, rank_weights in results]
     gap = max(abs(a - b) for other in weights[1:] for a, b in zip(weights[0], other))
     return {"steps": [steps for steps, _ in results], "weight_gap": gap, "weights": weights}
+
 
 def recorded_error(error: Exception) -> dict:
     """What torchrun's ``@record`` writes when the function it decorates raises ``error``: the

@@ -57,7 +57,12 @@ PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.distributed.fsd
 
 
 class LaunchError(RuntimeError):
-    """A launched run failed: the message names the failing ranks and what happened to each."""
+    """A launched run failed: the message names the failing ranks and what happened to each;
+    ``tracebacks`` holds each failed rank's traceback as text, by rank."""
+
+    def __init__(self, message: str, tracebacks: dict[int, str] | None = None):
+        super().__init__(message)
+        self.tracebacks = tracebacks or {}
 
 
 def free_port() -> int:
@@ -129,7 +134,8 @@ def launch(worker, n_ranks: int = 2, args: tuple = (), timeout: float = 30.0,
                 deadline = min(deadline, time.monotonic() + GRACE_S)  # let the others report
         unfinished = [r for r in range(n_ranks) if r not in replies]
         if failures := [(r, *reply) for r, reply in replies.items() if reply[0] != "ok"]:
-            raise LaunchError(_failure_report(failures, unfinished))
+            raise LaunchError(_failure_report(failures, unfinished),
+                              {rank: tb for rank, _, _, tb, _ in failures if tb})
         if unfinished:
             raise LaunchError(
                 f"launch timed out after {time.monotonic() - started:.1f} s (timeout={timeout} s): "
